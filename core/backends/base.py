@@ -1,0 +1,60 @@
+"""The backend interface: the one seam between `%%tfdist` (and the lab panel) and where jobs run.
+
+Async-first (the Kubernetes client and the Jupyter server are asyncio); the kernel reaches it through
+`tfdist.aio.Portal`, a loop on a background thread, so the kernel's own loop is never blocked on.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..jobspec import JobSpec
+from ..jobview import JobView
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the launching side adds to a spec: where to run from and which GPUs it may hand out."""
+
+    gpus: list[str] = field(default_factory=list)  # CUDA ids (indices/UUIDs) this server owns
+    cwd: str | None = None  # the notebook's directory: relative paths in the cell keep working
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(abc.ABC):
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
+        """Start the job; return once it exists (not once it runs). Raise TfdistError on bad input,
+        having created nothing."""
+
+    @abc.abstractmethod
+    def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
+        """A snapshot event, then every event until the job ends."""
+
+    @abc.abstractmethod
+    async def stop(self, name: str) -> bool:
+        """End the job and everything it holds. False if there was no such running job."""
+
+    @abc.abstractmethod
+    async def list_jobs(self) -> list[dict[str, Any]]:
+        """Summaries (JobView.summary()) of this user's jobs, running and recent."""
+
+    @abc.abstractmethod
+    async def status(self, name: str) -> JobView:
+        """The job's current view; KeyError if unknown."""
+
+    @abc.abstractmethod
+    async def logs(self, name: str, task: str | None = None) -> dict[str, str]:
+        """Full logs per task."""
+
+    @abc.abstractmethod
+    async def fetch_result(self, name: str) -> bytes | None:
+        """The coordinator's results bundle, once; None if the job produced none."""
+
+    async def close(self) -> None:
+        """Release what this backend object holds (connections); running jobs are not touched."""

@@ -1,0 +1,109 @@
+"""The job spec: what `%%tfdist run` asked for, validated once, shared by every backend.
+
+Pure data and pure checks; nothing here starts anything, so a bad spec can never leave half a job behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+
+from .errors import JobSpecError
+
+NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1035 label, short enough for pod names
+BACKENDS = ("local", "kubernetes")
+MAX_TASKS = 256
+_MEM_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGT]i?)?$")
+_MEM_UNITS = {
+    None: 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    user: str
+    workers: int = 2
+    ps: int = 1
+    gpus_per_worker: int = 0
+    cpu: float | None = None  # cores per task
+    memory_bytes: int | None = None  # per task
+    backend: str = "local"
+    timeout_s: float = 600.0  # how long start-up (scheduling, servers listening) may take
+    base_port: int | None = None  # local backend: fixed ports from here on instead of free ones
+    # Kubernetes backend fields (ignored locally)
+    namespace: str | None = None
+    image: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def task_count(self) -> int:
+        return self.workers + self.ps + 1  # + the coordinator (chief)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        return cls(**json.loads(text))
+
+
+def parse_memory(text: str) -> int:
+    """Bytes from a Kubernetes-style quantity ("512Mi", "2G", "1073741824"). Spaces are refused."""
+    m = _MEM_RE.match(text.strip() if text == text.strip() else "\0")
+    if not m:
+        raise JobSpecError(
+            f"--memory {text!r} is not a size: use a number of bytes or a unit like 512Mi, 2Gi or 4G"
+        )
+    value = float(m.group(1)) * _MEM_UNITS[m.group(2)]
+    if value < 64 * 2**20:
+        raise JobSpecError(f"--memory {text!r} is too small: a TensorFlow task needs at least 64Mi")
+    return int(value)
+
+
+def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
+    """Check a spec against itself and this server; raise JobSpecError with a user-facing message."""
+    if not NAME_RE.match(spec.name):
+        raise JobSpecError(
+            f"--name {spec.name!r} is not valid: use 1-40 lowercase letters, digits and '-', "
+            "starting with a letter and not ending with '-'"
+        )
+    if spec.workers < 1:
+        raise JobSpecError(f"--workers must be at least 1 (got {spec.workers})")
+    if spec.ps < 1:
+        raise JobSpecError(f"--ps must be at least 1 (got {spec.ps}): parameter-server training needs one")
+    if spec.workers + spec.ps > MAX_TASKS:
+        raise JobSpecError(f"{spec.workers + spec.ps} tasks is more than the limit of {MAX_TASKS}")
+    if spec.gpus_per_worker < 0:
+        raise JobSpecError(f"--gpus-per-worker cannot be negative (got {spec.gpus_per_worker})")
+    if spec.backend not in BACKENDS:
+        raise JobSpecError(f"--backend {spec.backend!r} is unknown: choose one of {', '.join(BACKENDS)}")
+    if spec.cpu is not None and not (0 < spec.cpu <= 512):
+        raise JobSpecError(f"--cpu must be a number of cores above 0 (got {spec.cpu})")
+    if spec.timeout_s <= 0:
+        raise JobSpecError(f"--timeout must be positive seconds (got {spec.timeout_s})")
+    if spec.base_port is not None and not (1024 <= spec.base_port <= 65535 - spec.task_count):
+        raise JobSpecError(f"--base-port {spec.base_port} is out of range (1024-{65535 - spec.task_count})")
+    need = spec.workers * spec.gpus_per_worker
+    if need and spec.backend == "local":
+        have = available_gpus or 0
+        if need > have:
+            raise JobSpecError(
+                f"--gpus-per-worker {spec.gpus_per_worker} x --workers {spec.workers} needs {need} GPUs, "
+                f"but this server has {have}" + ("" if have else " (no GPU was given to it)")
+            )
+    return spec
+
+
+def split_gpus(gpu_ids: list[str], workers: int, per_worker: int) -> list[list[str]]:
+    """Give each worker its own disjoint GPUs, in order; the PS and coordinator get none."""
+    return [gpu_ids[i * per_worker : (i + 1) * per_worker] for i in range(workers)]

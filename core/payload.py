@@ -1,0 +1,308 @@
+"""Shipping the notebook's state to the coordinator and the results back.
+
+The coordinator cannot be the kernel (connecting a process to a TF cluster invalidates its variables), so
+what the cell uses travels as a *bundle*: tf_keras models as `.keras` archives (architecture, weights,
+optimizer and compile config), `tf.data` datasets as their serialized graph (the pipeline with its
+in-memory tensors; rebuilt with DatasetFromGraph, so `.repeat()`/`.shuffle()`/`.map()` survive), tensors
+as numpy, and everything else (numpy, pandas, notebook functions and classes) with cloudpickle.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import pickle
+import symtable
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from .errors import ShippingError
+
+BUNDLE_VERSION = 1
+
+
+# ----------------------------------------------------------------------------------------------------- cell
+@dataclass(frozen=True)
+class CellNames:
+    reads: list[str]  # global names the cell (or functions in it) reads, first-use order
+    binds: list[str]  # names the cell binds at top level (assignment, import, def, class, for...)
+
+
+def cell_names(source: str, filename: str = "<tfdist cell>") -> CellNames:
+    """Names read and bound at the cell's top level. Raises SyntaxError for a broken cell."""
+    top = symtable.symtable(source, filename, "exec")
+    reads: list[str] = []
+    binds = [s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()]
+
+    def walk(table: symtable.SymbolTable) -> None:
+        for sym in table.get_symbols():
+            name = sym.get_name()
+            if not sym.is_referenced() or name in reads:
+                continue
+            if table is top or sym.is_global():
+                reads.append(name)
+        for child in table.get_children():
+            walk(child)
+
+    walk(top)
+    return CellNames(reads=reads, binds=binds)
+
+
+def undefined_names(names: CellNames, namespace: dict[str, Any]) -> list[str]:
+    """Names the cell reads that neither it, the notebook nor builtins define."""
+    return [
+        n
+        for n in names.reads
+        if n not in namespace and n not in names.binds and not hasattr(builtins, n)
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- kinds
+def _is_keras_model(obj: Any) -> bool:
+    mod = type(obj).__module__
+    if not (mod.startswith("tf_keras") or mod == "__main__" or mod.startswith("keras")):
+        return False
+    try:
+        import tf_keras
+    except ImportError:  # pragma: no cover - tf_keras is a kernel extra
+        return False
+    return isinstance(obj, tf_keras.Model)
+
+
+def _is_keras3_model(obj: Any) -> bool:
+    return type(obj).__module__.startswith("keras.") and hasattr(obj, "fit") and not _is_keras_model(obj)
+
+
+def _is_dataset(obj: Any) -> bool:
+    mod = type(obj).__module__
+    if "tensorflow" not in mod:
+        return False
+    import tensorflow as tf
+
+    return isinstance(obj, tf.data.Dataset)
+
+
+def _is_tensor(obj: Any) -> bool:
+    mod = type(obj).__module__
+    if "tensorflow" not in mod:
+        return False
+    import tensorflow as tf
+
+    return isinstance(obj, tf.Tensor | tf.Variable)
+
+
+def _notebook_classes(namespace: dict[str, Any]) -> dict[str, type]:
+    """Classes defined in the notebook: custom layers/losses a model archive may name."""
+    return {k: v for k, v in namespace.items() if isinstance(v, type) and v.__module__ == "__main__"}
+
+
+def _save_model(model: Any) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="tfdist-") as d:
+        path = os.path.join(d, "model.keras")
+        model.save(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+# --------------------------------------------------------------------------------------------- packing
+@dataclass
+class Bundle:
+    """What the coordinator receives. Values are encoded per kind; see `encode`/`decode`."""
+
+    source: str
+    line_offset: int
+    entries: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # name -> (kind, data)
+    custom_objects: bytes = b""
+    version: int = BUNDLE_VERSION
+
+
+def encode(name: str, value: Any) -> tuple[str, bytes]:
+    """One variable in its shippable form, or ShippingError naming it and what to do."""
+    if _is_keras3_model(value):
+        raise ShippingError(
+            name,
+            "it is a Keras 3 model, and Keras 3 does not support parameter-server training",
+            "set os.environ['TF_USE_LEGACY_KERAS'] = '1' before importing TensorFlow and build it with tf.keras",
+        )
+    if _is_keras_model(value):
+        try:
+            return "keras_model", _save_model(value)
+        except Exception as exc:
+            raise ShippingError(
+                name,
+                f"the model could not be saved ({type(exc).__name__}: {exc})",
+                "custom layers need get_config(); or build the model inside the cell",
+            ) from exc
+    if _is_dataset(value):
+        import tensorflow as tf
+
+        try:
+            graph = value._as_serialized_graph(
+                external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL
+            ).numpy()
+            spec = pickle.dumps(value.element_spec)
+        except Exception as exc:
+            raise ShippingError(
+                name,
+                f"this tf.data pipeline cannot be serialized ({type(exc).__name__}: {str(exc)[:200]})",
+                "a dataset built with tf.py_function or from a Python generator cannot travel; "
+                "build it inside the cell, or from tensors/files with Dataset.from_tensor_slices",
+            ) from exc
+        return "tf_dataset", pickle.dumps((graph, spec))
+    if _is_tensor(value):
+        return "tf_tensor", pickle.dumps((type(value).__name__ == "ResourceVariable", value.numpy()))
+    try:
+        return "pickle", cloudpickle.dumps(value)
+    except Exception as exc:
+        raise ShippingError(
+            name,
+            f"{type(value).__name__} objects cannot be pickled ({type(exc).__name__}: {str(exc)[:200]})",
+            "create it inside the %%tfdist cell instead, or pass the data it holds (arrays, paths)",
+        ) from exc
+
+
+def pack(source: str, names: list[str], namespace: dict[str, Any], line_offset: int = 1) -> bytes:
+    """Encode the named variables of the notebook into one bundle (bytes)."""
+    bundle = Bundle(source=source, line_offset=line_offset)
+    for name in names:
+        if name in namespace:
+            bundle.entries[name] = encode(name, namespace[name])
+    classes = _notebook_classes(namespace)
+    if classes:
+        try:
+            bundle.custom_objects = cloudpickle.dumps(classes)
+        except Exception:  # a class that cannot travel only matters if a model names it
+            bundle.custom_objects = b""
+    return pickle.dumps(bundle, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack(data: bytes) -> Bundle:
+    bundle = pickle.loads(data)
+    if not isinstance(bundle, Bundle) or bundle.version != BUNDLE_VERSION:
+        raise ValueError("not a tfdist bundle of this version")
+    return bundle
+
+
+def decode(kind: str, data: bytes, custom_objects: dict[str, type] | None = None) -> Any:
+    """Inverse of `encode`, run in the coordinator inside `strategy.scope()` so variables land on the PS."""
+    if kind == "keras_model":
+        import tensorflow as tf
+
+        with tempfile.TemporaryDirectory(prefix="tfdist-") as d:
+            path = os.path.join(d, "model.keras")
+            with open(path, "wb") as f:
+                f.write(data)
+            return tf.keras.models.load_model(path, custom_objects=custom_objects or None)
+    if kind == "tf_dataset":
+        import tensorflow as tf
+        from tensorflow.python.data.ops import dataset_ops
+
+        graph, spec = pickle.loads(data)
+        variant = tf.raw_ops.DatasetFromGraph(graph_def=graph)
+        return dataset_ops._VariantDataset(variant, pickle.loads(spec))
+    if kind == "tf_tensor":
+        import tensorflow as tf
+
+        is_var, value = pickle.loads(data)
+        return tf.Variable(value) if is_var else tf.constant(value)
+    if kind == "pickle":
+        return cloudpickle.loads(data)
+    raise ValueError(f"unknown bundle entry kind {kind!r}")
+
+
+# --------------------------------------------------------------------------------------------- results
+@dataclass
+class HistoryRecord:
+    """A fit's History without its model (which lives on the PS); rebuilt as a real History in the kernel."""
+
+    history: dict[str, list[float]]
+    epoch: list[int]
+    params: dict[str, Any]
+    model_name: str | None
+
+
+@dataclass
+class Results:
+    weights: dict[str, list[Any]] = field(default_factory=dict)  # shipped model name -> get_weights()
+    values: dict[str, bytes] = field(default_factory=dict)  # cloudpickled new/changed names
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> why it did not come back
+
+
+def pack_results(namespace: dict[str, Any], binds: list[str], models: dict[str, Any]) -> bytes:
+    """Collect what the cell produced: trained weights of shipped models and the names it bound."""
+    import numpy as np
+
+    res = Results()
+    model_ids = {id(m): n for n, m in models.items()}
+    for name, model in models.items():
+        res.weights[name] = [np.asarray(w) for w in model.get_weights()]
+    for name in binds:
+        if name not in namespace or name in models:
+            continue
+        value = namespace[name]
+        if type(value).__name__ == "History" and hasattr(value, "history"):
+            value = HistoryRecord(
+                history={k: [float(x) for x in v] for k, v in value.history.items()},
+                epoch=list(value.epoch),
+                params=dict(getattr(value, "params", {}) or {}),
+                model_name=model_ids.get(id(getattr(value, "model", None))),
+            )
+        elif _is_tensor(value):
+            value = value.numpy()
+        elif _is_keras_model(value):
+            res.skipped[name] = "a model created inside the cell stays on the cluster; save it to a file"
+            continue
+        elif type(value).__module__ in ("builtins",) and type(value).__name__ == "module":
+            continue
+        try:
+            res.values[name] = cloudpickle.dumps(value)
+        except Exception as exc:
+            res.skipped[name] = f"{type(value).__name__} cannot be pickled ({type(exc).__name__})"
+    return pickle.dumps(res, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def apply_results(data: bytes, namespace: dict[str, Any]) -> Results:
+    """Write the results into the notebook: weights into the existing model objects, names assigned."""
+    res: Results = pickle.loads(data)
+    for name, weights in res.weights.items():
+        model = namespace.get(name)
+        if model is not None and hasattr(model, "set_weights"):
+            model.set_weights(weights)
+    for name, blob in res.values.items():
+        value = cloudpickle.loads(blob)
+        if isinstance(value, HistoryRecord):
+            value = _history(value, namespace)
+        namespace[name] = value
+    return res
+
+
+def _history(rec: HistoryRecord, namespace: dict[str, Any]) -> Any:
+    try:
+        import tf_keras
+
+        hist = tf_keras.callbacks.History()
+    except ImportError:  # pragma: no cover
+        return rec
+    hist.history, hist.epoch, hist.params = rec.history, rec.epoch, rec.params
+    if rec.model_name and rec.model_name in namespace:
+        hist.set_model(namespace[rec.model_name])
+    return hist
+
+
+__all__ = [
+    "Bundle",
+    "CellNames",
+    "HistoryRecord",
+    "Results",
+    "apply_results",
+    "cell_names",
+    "decode",
+    "encode",
+    "pack",
+    "pack_results",
+    "undefined_names",
+    "unpack",
+]

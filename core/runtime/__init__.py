@@ -1,0 +1,1 @@
+"""What runs inside a job: task servers, the coordinator and the local supervisor."""

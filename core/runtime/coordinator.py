@@ -1,0 +1,149 @@
+"""The coordinator: runs the notebook cell against the PS/worker cluster, then sends results back.
+
+Usage: python -m tfdist.runtime.coordinator JOBDIR   (TF_CONFIG names this task "chief")
+
+Reads JOBDIR/payload.bin, writes JOBDIR/result.bin or JOBDIR/error.json, and reports progress as JSON
+lines on the file descriptor in TFDIST_EVENTS_FD (the supervisor's pipe; stdout is the log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+CELL_FILENAME = "<tfdist cell>"
+
+
+class _Events:
+    def __init__(self) -> None:
+        fd = os.environ.get("TFDIST_EVENTS_FD")
+        self._f = os.fdopen(int(fd), "wb", buffering=0) if fd else None
+
+    def send(self, event: dict[str, Any]) -> None:
+        from tfdist.runtime.events import dumps
+
+        if self._f is not None:
+            try:
+                self._f.write(dumps(event))
+            except (BrokenPipeError, ValueError):
+                self._f = None
+
+
+def _progress_callback(events: _Events) -> Any:
+    import tensorflow as tf
+
+    class TfdistProgress(tf.keras.callbacks.Callback):
+        """Epoch-level progress: PS training has no batch-level callbacks."""
+
+        def on_train_begin(self, logs=None):
+            self._t0 = time.time()
+            events.send({"type": "progress", "phase": "fit", "epoch": 0, "epochs": self.params.get("epochs")})
+
+        def on_epoch_end(self, epoch, logs=None):
+            from tfdist.runtime.events import clean_number
+
+            events.send(
+                {
+                    "type": "progress",
+                    "phase": "fit",
+                    "epoch": epoch + 1,
+                    "epochs": self.params.get("epochs"),
+                    "steps": self.params.get("steps"),
+                    "logs": {k: clean_number(v) for k, v in (logs or {}).items()},
+                    "t": time.time(),
+                }
+            )
+
+    return TfdistProgress
+
+
+def _install_progress(events: _Events) -> None:
+    """Every fit in the cell reports its epochs, whatever callbacks the user passed."""
+    import tensorflow as tf
+
+    cb_cls = _progress_callback(events)
+    original = tf.keras.Model.fit
+
+    def fit(self, *args, **kwargs):
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        callbacks.append(cb_cls())
+        kwargs["callbacks"] = callbacks
+        return original(self, *args, **kwargs)
+
+    tf.keras.Model.fit = fit
+
+
+def cell_traceback(exc: BaseException) -> str:
+    """The remote traceback from the cell's first frame on: the user's code, with the cell's line numbers."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != CELL_FILENAME:
+        tb = tb.tb_next
+    frames = traceback.extract_tb(tb) if tb is not None else traceback.extract_tb(exc.__traceback__)
+    lines = ["Traceback (on the coordinator):\n"]
+    source = os.environ.get("_TFDIST_CELL_SOURCE", "").splitlines()
+    for fr in frames:
+        line = fr.line
+        if fr.filename == CELL_FILENAME and 0 < fr.lineno <= len(source):
+            line = source[fr.lineno - 1].strip()
+        where = "cell" if fr.filename == CELL_FILENAME else fr.filename
+        lines.append(f'  {where}, line {fr.lineno}, in {fr.name}\n' + (f"    {line}\n" if line else ""))
+    lines.extend(traceback.format_exception_only(type(exc), exc))
+    return "".join(lines)
+
+
+def run(jobdir: str) -> int:
+    events = _Events()
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    from tfdist import payload
+
+    with open(os.path.join(jobdir, "payload.bin"), "rb") as f:
+        bundle = payload.unpack(f.read())
+    padded = "\n" * bundle.line_offset + bundle.source
+    os.environ["_TFDIST_CELL_SOURCE"] = padded
+    try:
+        code = compile(padded, CELL_FILENAME, "exec")
+        events.send({"type": "progress", "phase": "connecting"})
+        import cloudpickle
+        import tensorflow as tf
+
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        strategy = tf.distribute.ParameterServerStrategy(resolver)
+        custom = cloudpickle.loads(bundle.custom_objects) if bundle.custom_objects else {}
+        namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+        namespace.update(custom)
+        events.send({"type": "progress", "phase": "loading"})
+        models: dict[str, Any] = {}
+        with strategy.scope():
+            for name, (kind, data) in bundle.entries.items():
+                namespace[name] = payload.decode(kind, data, custom)
+                if kind == "keras_model":
+                    models[name] = namespace[name]
+        namespace["tfdist_strategy"] = strategy
+        _install_progress(events)
+        events.send({"type": "progress", "phase": "running"})
+        with strategy.scope():
+            exec(code, namespace)
+        binds = payload.cell_names(padded).binds
+        events.send({"type": "progress", "phase": "returning"})
+        blob = payload.pack_results(namespace, binds, models)
+        tmp = os.path.join(jobdir, "result.bin.tmp")
+        with open(tmp, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, os.path.join(jobdir, "result.bin"))
+        return 0
+    except BaseException as exc:  # the cell's own errors included: report, then exit non-zero
+        err = {"type": type(exc).__name__, "message": str(exc), "traceback": cell_traceback(exc)}
+        with open(os.path.join(jobdir, "error.json"), "w") as f:
+            json.dump(err, f)
+        sys.stderr.write(err["traceback"])
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1]))

@@ -1,0 +1,422 @@
+"""The local job supervisor: one process per job that owns every task process of it.
+
+Usage: [unshare --net ...] python -m tfdist.runtime.supervisor JOBDIR
+
+It starts the PS and worker servers and the coordinator, streams their state, logs and metrics to
+whoever watches JOBDIR/control.sock, and ends them all when the coordinator finishes, on a `stop`
+request, on SIGTERM/SIGINT, or when its standard input closes (the kernel that launched it died:
+its end of that pipe is the job's lifeline). Every child is also bound to this process with
+PR_SET_PDEATHSIG, so even a SIGKILL of the supervisor leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfdist import tf_config
+from tfdist.jobspec import JobSpec, split_gpus
+from tfdist.jobview import JobView
+from tfdist.runtime import events
+from tfdist.sampler import TaskProcess, TaskSampler
+
+PR_SET_PDEATHSIG = 1
+MAX_WORKER_RESTARTS = 3
+KILL_GRACE_S = 3.0
+TICK_S = 1.0
+
+
+class StartupError(Exception):
+    pass
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # parent already gone
+        os._exit(1)
+
+
+@dataclass
+class Task:
+    name: str
+    port: int
+    env: dict[str, str]
+    gpus: list[str] = field(default_factory=list)
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    log: Any = None
+    reader: asyncio.Task | None = None
+
+
+def allocate_ports(n: int, base: int | None) -> list[int]:
+    """Free ports on 127.0.0.1 (in this namespace), or base..base+n-1 checked free."""
+    if base is not None:
+        ports = list(range(base, base + n))
+        for p in ports:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    raise StartupError(
+                        f"port {p} is already in use (--base-port {base} needs ports {base}-{base + n - 1})"
+                    ) from None
+        return ports
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Supervisor:
+    def __init__(self, jobdir: str):
+        self.jobdir = jobdir
+        with open(os.path.join(jobdir, "spec.json")) as f:
+            self.spec = JobSpec.from_json(f.read())
+        with open(os.path.join(jobdir, "launch.json")) as f:
+            self.launch = json.load(f)
+        self.view = JobView(
+            name=self.spec.name,
+            user=self.spec.user,
+            backend="local",
+            total_tasks=self.spec.task_count,
+            spec=json.loads(self.spec.to_json()),
+        )
+        self.tasks: dict[str, Task] = {}
+        self.watchers: set[asyncio.StreamWriter] = set()
+        self.pending_logs: list[tuple[str, str]] = []
+        self.stop_reason: str | None = None
+        self.stopping = asyncio.Event()
+        self.sampler = TaskSampler()
+        self.events_r: int | None = None
+
+    # ------------------------------------------------------------------ events
+    def emit(self, ev: dict[str, Any]) -> None:
+        self.view.apply(ev)
+        data = events.dumps(ev)
+        for w in list(self.watchers):
+            try:
+                w.write(data)
+            except Exception:
+                self.watchers.discard(w)
+        if ev["type"] == "state":
+            self._write_state()
+
+    def _write_state(self) -> None:
+        tmp = os.path.join(self.jobdir, "state.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.view.summary() | {"error": self.view.error, "pid": os.getpid()}, f)
+        os.replace(tmp, os.path.join(self.jobdir, "state.json"))
+
+    async def serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 10)
+            req = json.loads(line or b"{}")
+            op = req.get("op")
+            if op == "stop":
+                writer.write(events.dumps({"type": "ack"}))
+                await writer.drain()
+                self.request_stop("stopped by request")
+                return
+            writer.write(events.dumps({"type": "snapshot", "view": self.view.to_dict()}))
+            await writer.drain()
+            if op == "watch" and not self.view.finished:
+                self.watchers.add(writer)
+                await reader.read()  # until the client goes away
+        except Exception:
+            pass
+        finally:
+            self.watchers.discard(writer)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    # ------------------------------------------------------------------ processes
+    async def _spawn(self, task: Task, module: str, extra_fds: tuple[int, ...] = ()) -> None:
+        task.log = task.log or open(os.path.join(self.jobdir, "logs", f"{task.name}.log"), "ab")
+        task.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-u",
+            "-m",
+            module,
+            *([self.jobdir] if module.endswith("coordinator") else []),
+            env=task.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+            pass_fds=extra_fds,
+            cwd=self.launch.get("cwd") or self.jobdir,
+        )
+        task.reader = asyncio.ensure_future(self._read_log(task, task.proc))
+        self.sampler.track(
+            TaskProcess(task.name, task.proc.pid, [int(g) for g in task.gpus if g.isdigit()])
+        )
+        self.emit({"type": "task", "task": task.name, "state": "starting", "pid": task.proc.pid,
+                   "restarts": task.restarts, "gpus": task.gpus})
+
+    async def _read_log(self, task: Task, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            task.log.write(raw)
+            task.log.flush()
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line and not events.is_noise(line):
+                self.pending_logs.append((task.name, line[:2000]))
+
+    async def _wait_listening(self, task: Task, deadline: float) -> None:
+        while True:
+            if task.proc is not None and task.proc.returncode is not None:
+                await asyncio.sleep(0.2)
+                tail = "\n".join(line for t, line in list(self.view.logs) + self.pending_logs if t == task.name)
+                raise StartupError(f"{task.name} exited with code {task.proc.returncode} while starting:\n"
+                                   + tail[-1500:])
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", task.port)
+                w.close()
+                self.emit({"type": "task", "task": task.name, "state": "running"})
+                return
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise StartupError(f"{task.name} did not start listening within --timeout {self.spec.timeout_s:g}s")
+            await asyncio.sleep(0.1)
+
+    def _base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TFDIST_EVENTS_FD", "JPY_PARENT_PID"):
+            env.pop(k, None)
+        env.update(self.launch.get("env", {}))
+        env.update({"GRPC_FAIL_FAST": "use_caller", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"})
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if self.spec.cpu:
+            threads = str(max(1, int(round(self.spec.cpu))))
+            env.update({"TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": threads,
+                        "OMP_NUM_THREADS": threads})
+        return env
+
+    def build_tasks(self) -> None:
+        names = tf_config.task_names(self.spec.workers, self.spec.ps)
+        ports = allocate_ports(len(names), self.spec.base_port)
+        cluster = tf_config.cluster(tf_config.local_addresses(self.spec.workers, self.spec.ps, ports))
+        gpu_ids: list[str] = self.launch.get("gpus", [])
+        per_worker = split_gpus(gpu_ids, self.spec.workers, self.spec.gpus_per_worker)
+        for name, port in zip(names, ports, strict=True):
+            role, idx = tf_config.split_task(name)
+            gpus = per_worker[idx] if role == "worker" else []
+            env = self._base_env() | {
+                "TF_CONFIG": tf_config.tf_config(cluster, name),
+                "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+                "TFDIST_TASK": name,
+            }
+            self.tasks[name] = Task(name=name, port=port, env=env, gpus=gpus)
+            self.emit({"type": "task", "task": name, "state": "pending", "gpus": gpus})
+
+    # ------------------------------------------------------------------ lifecycle
+    def request_stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.stopping.set()
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            if self.pending_logs:
+                lines, self.pending_logs = self.pending_logs, []
+                self.emit({"type": "log", "lines": lines})
+            sample = self.sampler.sample()
+            self.emit(sample)
+            self._enforce_memory(sample)
+
+    def _enforce_memory(self, sample: dict[str, Any]) -> None:
+        limit = self.spec.memory_bytes
+        if not limit:
+            return
+        for name, rec in sample["tasks"].items():
+            rss = rec.get("rss (MiB)")
+            task = self.tasks.get(name)
+            if rss is not None and rss * 2**20 > limit and task and task.proc and task.proc.returncode is None:
+                self.pending_logs.append(
+                    (name, f"tfdist: {name} uses {rss:.0f} MiB, over --memory {limit / 2**20:.0f} MiB: killed")
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    task.proc.kill()
+
+    async def _lifeline(self) -> None:
+        """Stdin is a pipe from the launching kernel: EOF means the kernel is gone."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        with contextlib.suppress(Exception):
+            await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+            await reader.read()
+            self.request_stop("the notebook kernel that started this job went away")
+
+    async def _watch_servers(self) -> None:
+        """Restart a worker that dies mid-fit (the coordinator re-sends its work); a PS loss is fatal."""
+        while True:
+            await asyncio.sleep(0.2)
+            for task in self.tasks.values():
+                if task.name == "chief-0" or task.proc is None or task.proc.returncode is None:
+                    continue
+                code = task.proc.returncode
+                self.sampler.forget(task.name)
+                if task.name.startswith("worker") and task.restarts < MAX_WORKER_RESTARTS:
+                    task.restarts += 1
+                    self.pending_logs.append((task.name, f"tfdist: {task.name} exited with code {code}; "
+                                              f"restarting ({task.restarts}/{MAX_WORKER_RESTARTS})"))
+                    self.emit({"type": "task", "task": task.name, "state": "restarting", "exit_code": code,
+                               "restarts": task.restarts})
+                    await self._spawn(task, "tfdist.runtime.task")
+                else:
+                    self.emit({"type": "task", "task": task.name, "state": "failed", "exit_code": code})
+                    task.proc = None
+                    if task.name.startswith("ps"):
+                        self.pending_logs.append((task.name, f"tfdist: parameter server {task.name} died "
+                                                  f"(code {code}); the fit cannot go on without it"))
+
+    async def _coordinator_events(self, fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb"))
+        async for line in reader:
+            with contextlib.suppress(ValueError):
+                ev = events.loads(line)
+                if ev.get("type") == "progress":
+                    self.emit(ev)
+
+    async def run(self) -> int:
+        os.makedirs(os.path.join(self.jobdir, "logs"), exist_ok=True)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self.request_stop, f"received {signal.Signals(sig).name}")
+        sock_path = os.path.join(self.jobdir, "control.sock")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock_path)
+        server = await asyncio.start_unix_server(self.serve_client, path=sock_path)
+        os.chmod(sock_path, 0o600)
+        bg = [asyncio.ensure_future(c) for c in (self._lifeline(), self._ticker())]
+        self.emit({"type": "state", "state": "starting", "message": "starting tasks"})
+        outcome: tuple[str, str, dict | None]
+        try:
+            outcome = await self._run_job()
+        except StartupError as exc:
+            outcome = ("failed", str(exc).splitlines()[0], {"type": "StartupError", "message": str(exc),
+                                                            "traceback": ""})
+        except Exception as exc:  # a bug of ours: still clean up and say so
+            outcome = ("failed", f"supervisor error: {exc}", {"type": type(exc).__name__, "message": str(exc),
+                                                              "traceback": ""})
+        await self._teardown()
+        if self.pending_logs:
+            lines, self.pending_logs = self.pending_logs, []
+            self.emit({"type": "log", "lines": lines})
+        state, message, error = outcome
+        ev: dict[str, Any] = {"type": "state", "state": state, "message": message, "t": time.time()}
+        if error:
+            ev["error"] = error
+        self.emit(ev)
+        for w in list(self.watchers):
+            with contextlib.suppress(Exception):
+                await w.drain()
+                w.close()
+        for t in bg:
+            t.cancel()
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(sock_path)
+        self.sampler.gpus.close()
+        return 0 if state == "succeeded" else 1
+
+    async def _run_job(self) -> tuple[str, str, dict | None]:
+        self.build_tasks()
+        stop_wait = asyncio.ensure_future(self.stopping.wait())
+        deadline = time.time() + self.spec.timeout_s
+        servers = [t for n, t in self.tasks.items() if n != "chief-0"]
+        for t in servers:
+            await self._spawn(t, "tfdist.runtime.task")
+        starting = asyncio.ensure_future(asyncio.gather(*(self._wait_listening(t, deadline) for t in servers)))
+        done, _ = await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if stop_wait in done:
+            starting.cancel()
+            return ("stopped", self.stop_reason or "stopped", None)
+        starting.result()  # raises StartupError
+        watcher = asyncio.ensure_future(self._watch_servers())
+        chief = self.tasks["chief-0"]
+        r, w = os.pipe()
+        chief.env = chief.env | {"TFDIST_EVENTS_FD": str(w)}
+        await self._spawn(chief, "tfdist.runtime.coordinator", extra_fds=(w,))
+        os.close(w)
+        ev_reader = asyncio.ensure_future(self._coordinator_events(r))
+        self.emit({"type": "task", "task": "chief-0", "state": "running"})
+        self.emit({"type": "state", "state": "running", "message": "training"})
+        assert chief.proc is not None
+        chief_wait = asyncio.ensure_future(chief.proc.wait())
+        done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        watcher.cancel()
+        if chief_wait not in done:
+            return ("stopped", self.stop_reason or "stopped", None)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(ev_reader, 2)
+        if chief.reader:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(chief.reader, 2)
+        self.emit({"type": "task", "task": "chief-0", "state": "exited-ok" if chief.proc.returncode == 0
+                   else "failed", "exit_code": chief.proc.returncode})
+        if chief.proc.returncode == 0 and os.path.exists(os.path.join(self.jobdir, "result.bin")):
+            return ("succeeded", "finished", None)
+        err_path = os.path.join(self.jobdir, "error.json")
+        if os.path.exists(err_path):
+            with open(err_path) as f:
+                err = json.load(f)
+            return ("failed", f"{err['type']}: {err['message'][:300]}", err)
+        return ("failed", f"the coordinator exited with code {chief.proc.returncode}",
+                {"type": "CoordinatorExit", "message": f"exit code {chief.proc.returncode}", "traceback": ""})
+
+    async def _teardown(self) -> None:
+        procs = [t.proc for t in self.tasks.values() if t.proc is not None and t.proc.returncode is None]
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+        if procs:
+            _, alive = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=KILL_GRACE_S)
+            for p in procs:
+                if p.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.kill()
+            await asyncio.gather(*(p.wait() for p in procs), return_exceptions=True)
+        for t in self.tasks.values():
+            if t.reader is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(t.reader, 1)
+            if t.log is not None:
+                t.log.close()
+            if t.proc is not None and t.name != "chief-0" and t.proc.returncode is not None:
+                self.emit({"type": "task", "task": t.name, "state": "exited"})
+
+
+def main() -> int:
+    jobdir = sys.argv[1]
+    if os.environ.get("TFDIST_NETNS") == "1":
+        from tfdist.runtime.netns import bring_up_loopback
+
+        bring_up_loopback()
+    with open(os.path.join(jobdir, "supervisor.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    return asyncio.run(Supervisor(jobdir).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""TF_CONFIG for every task of a parameter-server job. Pure functions; backends supply the addresses."""
+
+from __future__ import annotations
+
+import json
+
+ROLES = ("chief", "worker", "ps")  # "chief" is the coordinator (TF's name for it, kept for legacy reasons)
+
+
+def task_names(workers: int, ps: int) -> list[str]:
+    """Stable task ids used in logs, metrics and pod names: chief-0, worker-0.., ps-0.."""
+    return ["chief-0"] + [f"worker-{i}" for i in range(workers)] + [f"ps-{i}" for i in range(ps)]
+
+
+def split_task(task: str) -> tuple[str, int]:
+    role, _, idx = task.rpartition("-")
+    return role, int(idx)
+
+
+def cluster(addresses: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The cluster dict TF expects, checked: a coordinator, at least one worker and one PS."""
+    for role in ROLES:
+        if not addresses.get(role):
+            raise ValueError(f"a parameter-server cluster needs at least one {role!r} address")
+    if len(addresses["chief"]) != 1:
+        raise ValueError("exactly one coordinator (chief) address is needed")
+    extra = set(addresses) - set(ROLES)
+    if extra:
+        raise ValueError(f"unknown task types: {sorted(extra)}")
+    return {role: list(addresses[role]) for role in ROLES}
+
+
+def local_addresses(workers: int, ps: int, ports: list[int], host: str = "127.0.0.1") -> dict[str, list[str]]:
+    """Addresses on one host, ports in task_names() order."""
+    names = task_names(workers, ps)
+    if len(ports) != len(names):
+        raise ValueError(f"{len(names)} ports needed, got {len(ports)}")
+    out: dict[str, list[str]] = {r: [] for r in ROLES}
+    for name, port in zip(names, ports, strict=True):
+        out[split_task(name)[0]].append(f"{host}:{port}")
+    return out
+
+
+def tf_config(cluster_spec: dict[str, list[str]], task: str) -> str:
+    role, index = split_task(task)
+    if role not in cluster_spec or index >= len(cluster_spec[role]):
+        raise ValueError(f"task {task} is not in the cluster")
+    return json.dumps({"cluster": cluster_spec, "task": {"type": role, "index": index}}, sort_keys=True)

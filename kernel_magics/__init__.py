@@ -1,0 +1,38 @@
+"""IPython magics: `%%tfdist run` and the `%tfdist` line magics. Load with `%load_ext tfdist`."""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+from ..errors import JobFailed, TfdistError
+
+_magics: Any = None
+
+
+def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> list[str]:
+    """User errors as a message, not a kernel-side traceback; a failed job with the remote traceback."""
+    lines = []
+    if isinstance(value, JobFailed) and value.remote_traceback:
+        lines.append(value.remote_traceback.rstrip())
+    lines.append(f"{etype.__name__}: {value}")
+    shell._showtraceback(etype, value, lines)
+    return lines
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    global _magics
+    from .magics import TfdistMagics
+
+    _magics = TfdistMagics(ipython)
+    ipython.register_magics(_magics)
+    ipython.set_custom_exc((TfdistError,), _show_error)
+    atexit.register(_magics.close)  # a clean kernel shutdown; a killed kernel is covered by the lifeline
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    global _magics
+    if _magics is not None:
+        _magics.close()
+        _magics = None
+    ipython.set_custom_exc((), None)

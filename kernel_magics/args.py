@@ -1,0 +1,54 @@
+"""Argument parsing for `%%tfdist` and `%tfdist`: argparse that reports with UsageError (no traceback,
+no SystemExit from inside the kernel)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from IPython.core.error import UsageError
+
+from ..settings import Settings
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"%tfdist {self.prog.split()[-1]}: {message}\n{self.format_usage().strip()}")
+
+    def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
+        # -h/--help prints and exits: in a kernel that must not be a SystemExit
+        raise UsageError(message or self.format_help())
+
+
+def run_parser(settings: Settings) -> argparse.ArgumentParser:
+    p = _Parser(prog="%%tfdist run", description="Run this cell as a distributed parameter-server job.")
+    p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
+    p.add_argument("--gpus-per-worker", type=int, default=1 if (settings.gpus or 0) > 0 else 0,
+                   help="GPUs for each worker (default 1 when this server has GPUs, else 0)")
+    p.add_argument("--cpu", type=float, default=None, help="CPU cores per task (threads locally, limits on k8s)")
+    p.add_argument("--memory", default=None, help="memory per task, e.g. 2Gi (killed above it)")
+    p.add_argument("--backend", default=settings.backend, help=f"local or kubernetes (default {settings.backend})")
+    p.add_argument("--name", default=None, help="job name (default: generated)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for start-up (default 600)")
+    p.add_argument("--base-port", type=int, default=None, help="local: fixed ports from here instead of free ones")
+    return p
+
+
+def name_parser(sub: str, allow_all: bool = False) -> argparse.ArgumentParser:
+    p = _Parser(prog=f"%tfdist {sub}")
+    if allow_all:
+        p.add_argument("name", nargs="?")
+        p.add_argument("--all", action="store_true", help="all running jobs")
+    else:
+        p.add_argument("name")
+    if sub == "logs":
+        p.add_argument("--task", default=None, help="only this task (e.g. worker-0)")
+    return p
+
+
+def split(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"%tfdist: cannot parse the arguments: {exc}") from None

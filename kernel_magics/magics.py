@@ -1,0 +1,295 @@
+"""`%%tfdist run` and the `%tfdist` line magics.
+
+The cell never runs in the kernel: it is checked here (syntax, names, what can be shipped), sent with the
+variables it reads to a coordinator process next to a PS/worker cluster, watched live, and its results
+(trained weights into the notebook's own model objects, and every name the cell bound) come back.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import time
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import Image, display
+
+from .. import payload
+from ..aio import Portal
+from ..backends import get_backend
+from ..backends.base import Backend, Launch
+from ..errors import JobFailed, TfdistError
+from ..gpus import visible_gpus
+from ..jobspec import JobSpec, parse_memory, validate
+from ..jobview import JobView
+from ..settings import Settings, from_environ
+from . import args as margs
+from .monitor import make_monitor, static_png
+
+USAGE = """\
+%%tfdist run [--workers N] [--ps N] [--gpus-per-worker N] [--cpu C] [--memory M] [--backend B]
+             [--name NAME] [--timeout S] [--base-port P]      run the cell as a distributed job
+%tfdist list                      jobs of this user
+%tfdist status NAME               state, tasks and progress of a job
+%tfdist logs NAME [--task T]      full logs of every task
+%tfdist stop NAME | --all         end a job (and every process it holds)"""
+
+REFRESH_S = 1.0
+
+
+def _require_tensorflow() -> None:
+    try:
+        import tensorflow  # noqa: F401
+        import tf_keras  # noqa: F401
+    except ImportError as exc:
+        import sys
+
+        raise TfdistError(
+            f"%%tfdist needs TensorFlow and tf_keras in this kernel's environment ({sys.executable}), "
+            f"but importing them failed: {exc}.\nInstall them with: "
+            f"{sys.executable} -m pip install 'jupyter-tfdist[kernel]'"
+        ) from None
+
+
+def _gpu_ids() -> list[str]:
+    return [str(g.index) for g in visible_gpus()]
+
+
+@magics_class
+class TfdistMagics(Magics):
+    def __init__(self, shell: Any):
+        super().__init__(shell)
+        self.settings: Settings = from_environ()
+        self._backends: dict[str, Backend] = {}
+        self.portal = Portal.get()
+
+    # ------------------------------------------------------------------ plumbing
+    def backend(self, name: str) -> Backend:
+        if name not in self._backends:
+            self._backends[name] = get_backend(name, self.settings)
+        return self._backends[name]
+
+    @line_cell_magic
+    def tfdist(self, line: str, cell: str | None = None) -> Any:
+        words = margs.split(line)
+        if not words:
+            raise UsageError(USAGE)
+        sub, rest = words[0], words[1:]
+        if sub == "run":
+            if cell is None:
+                raise UsageError("run is a cell magic: put %%tfdist run on the first line of the cell\n" + USAGE)
+            return self.run(rest, cell)
+        if cell is not None:
+            raise UsageError(f"%%tfdist {sub} does not take a cell; did you mean %%tfdist run?")
+        handlers = {"list": self.list, "status": self.status, "logs": self.logs, "stop": self.stop}
+        if sub not in handlers:
+            raise UsageError(f"unknown %tfdist command {sub!r}\n{USAGE}")
+        return handlers[sub](rest)
+
+    # ------------------------------------------------------------------ run
+    def prepare(self, argv: list[str], cell: str) -> tuple[JobSpec, bytes, list[str]]:
+        """Everything that can go wrong with the input, checked before anything starts."""
+        opts = margs.run_parser(self.settings).parse_args(argv)
+        _require_tensorflow()
+        if not cell.strip():
+            raise UsageError("the %%tfdist run cell is empty: put the training code in it, e.g. "
+                             "history = model.fit(train_ds, epochs=5)")
+        source = self.shell.transform_cell(cell)
+        if "get_ipython()" in source:
+            raise UsageError("IPython magics and shell escapes (%, !) cannot run on the job's coordinator: "
+                             "move them to another cell")
+        try:
+            names = payload.cell_names(source)
+        except SyntaxError as exc:
+            line = (exc.lineno or 0) + 1  # + the %%tfdist line
+            raise TfdistError(
+                f"SyntaxError in the cell, line {line}: {exc.msg}\n    {(exc.text or '').rstrip()}\n"
+                "nothing was started"
+            ) from None
+        undefined = payload.undefined_names(names, self.shell.user_ns)
+        if undefined:
+            raise TfdistError(
+                f"name {undefined[0]!r} is used in the cell but not defined in the notebook"
+                + (f" (nor {', '.join(map(repr, undefined[1:]))})" if len(undefined) > 1 else "")
+                + ": run the cell that defines it first; nothing was started"
+            )
+        gpus = _gpu_ids() if opts.backend == "local" else []
+        name = opts.name or f"tfdist-{secrets.token_hex(3)}"
+        spec = JobSpec(
+            name=name,
+            user=self.settings.user,
+            workers=opts.workers,
+            ps=opts.ps,
+            gpus_per_worker=opts.gpus_per_worker,
+            cpu=opts.cpu,
+            memory_bytes=parse_memory(opts.memory) if opts.memory is not None else None,
+            backend=opts.backend,
+            timeout_s=opts.timeout,
+            base_port=opts.base_port,
+            namespace=self.settings.namespace,
+            image=self.settings.worker_image,
+        )
+        validate(spec, len(gpus) if opts.backend == "local" else None)
+        reads = [n for n in names.reads if n in self.shell.user_ns and not n.startswith("_")]
+        blob = payload.pack(source, reads, self.shell.user_ns, line_offset=1)
+        return spec, blob, gpus
+
+    def run(self, argv: list[str], cell: str) -> None:
+        spec, blob, gpus = self.prepare(argv, cell)
+        backend = self.backend(spec.backend)
+        self.portal.call(backend.submit(spec, blob, Launch(gpus=gpus, cwd=os.getcwd())))
+        view = JobView(name=spec.name, user=spec.user, backend=spec.backend, total_tasks=spec.task_count)
+        monitor = make_monitor(view)
+        if hasattr(monitor, "widget"):
+            display(monitor.widget)
+        events: queue.Queue = queue.Queue()
+
+        async def pump() -> None:
+            try:
+                async for ev in backend.watch(spec.name):
+                    events.put(ev)
+            finally:
+                events.put(None)
+
+        self.portal.spawn(pump())
+        try:
+            self._follow(view, monitor, events)
+        except KeyboardInterrupt:
+            self.portal.call(backend.stop(spec.name), timeout=30)
+            self._drain(view, events, timeout=5)
+            view.state, view.message = "stopped", "interrupted from the notebook"
+            monitor.refresh(view)
+            print(f"tfdist: job {spec.name} interrupted; all its processes were ended")
+            raise
+        self._finish(backend, view, monitor)
+
+    @staticmethod
+    def _drain(view: JobView, events: queue.Queue, timeout: float) -> bool:
+        """Apply queued events until the stream ends or `timeout`; True when it ended."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ev = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return False
+            if ev is None:
+                return True
+            view.apply(ev)
+
+    def _follow(self, view: JobView, monitor: Any, events: queue.Queue) -> None:
+        ended = False
+        while not ended:
+            ended = self._drain(view, events, REFRESH_S)
+            monitor.refresh(view)
+
+    def _finish(self, backend: Backend, view: JobView, monitor: Any) -> None:
+        if not view.finished:  # the stream broke off: ask once more
+            view = self.portal.call(backend.status(view.name))
+        monitor.refresh(view)
+        try:
+            display(Image(data=static_png(view), format="png"))
+        except Exception as exc:  # the picture is a nicety; never lose results over it
+            print(f"tfdist: could not draw the summary picture: {exc}")
+        if view.state == "succeeded":
+            data = self.portal.call(backend.fetch_result(view.name))
+            if data is None:
+                raise JobFailed(f"job {view.name} finished but sent no results back", job=view.name)
+            res = payload.apply_results(data, self.shell.user_ns)
+            parts = [f"weights of {', '.join(res.weights)} updated" if res.weights else "",
+                     f"set {', '.join(res.values)}" if res.values else ""]
+            print(f"tfdist: job {view.name} succeeded; " + "; ".join(p for p in parts if p))
+            for name, why in res.skipped.items():
+                print(f"tfdist: {name!r} did not come back: {why}")
+            return
+        err = view.error or {}
+        raise JobFailed(
+            f"job {view.name} {view.state}: {view.message}",
+            remote_traceback=err.get("traceback", ""),
+            job=view.name,
+        )
+
+    # ------------------------------------------------------------------ line magics
+    def _all_backends(self) -> list[Backend]:
+        names = {"local", self.settings.backend}
+        out = []
+        for n in sorted(names):
+            try:
+                out.append(self.backend(n))
+            except TfdistError:
+                continue
+        return out
+
+    def _find(self, name: str) -> Backend:
+        for b in self._all_backends():
+            try:
+                self.portal.call(b.status(name), timeout=30)
+                return b
+            except KeyError:
+                continue
+        raise UsageError(f"no tfdist job named {name!r}; see %tfdist list")
+
+    def list(self, argv: list[str]) -> None:
+        if argv:
+            raise UsageError("%tfdist list takes no arguments")
+        rows = []
+        for b in self._all_backends():
+            rows += self.portal.call(b.list_jobs(), timeout=60)
+        if not rows:
+            print("no tfdist jobs")
+            return
+        print(f"{'name':24} {'backend':10} {'state':10} {'tasks':7} {'epoch':7} message")
+        for r in rows:
+            print(f"{r['name']:24} {r['backend']:10} {r['state']:10} "
+                  f"{r['tasks_started']}/{r['tasks_total']:<5} {r['epoch']}/{r['epochs'] or '?':<5} {r['message']}")
+
+    def status(self, argv: list[str]) -> None:
+        opts = margs.name_parser("status").parse_args(argv)
+        b = self._find(opts.name)
+        view = self.portal.call(b.status(opts.name), timeout=30)
+        s = view.summary()
+        print(f"{s['name']} ({s['backend']}): {s['state']} - {s['message']}")
+        print(f"tasks started {s['tasks_started']}/{s['tasks_total']}, epoch {s['epoch']}/{s['epochs'] or '?'}")
+        for t, rec in sorted(view.tasks.items()):
+            print(f"  {t:10} {rec.get('state', ''):10} restarts={rec.get('restarts', 0)} gpus={rec.get('gpus') or '-'}")
+        if view.epoch_logs:
+            print("last epoch:", {k: v for k, v in view.epoch_logs[-1].items() if k != "t"})
+
+    def logs(self, argv: list[str]) -> None:
+        opts = margs.name_parser("logs").parse_args(argv)
+        b = self._find(opts.name)
+        logs = self.portal.call(b.logs(opts.name, opts.task), timeout=60)
+        if opts.task and not logs:
+            raise UsageError(f"job {opts.name} has no task {opts.task!r}")
+        for task, text in logs.items():
+            print(f"===== {task} =====")
+            print(text.rstrip())
+
+    def stop(self, argv: list[str]) -> None:
+        opts = margs.name_parser("stop", allow_all=True).parse_args(argv)
+        if bool(opts.name) == bool(opts.all):
+            raise UsageError("%tfdist stop takes a job NAME or --all")
+        if opts.all:
+            stopped = []
+            for b in self._all_backends():
+                for r in self.portal.call(b.list_jobs(), timeout=60):
+                    if r["state"] not in ("succeeded", "failed", "stopped") and self.portal.call(
+                        b.stop(r["name"]), timeout=60
+                    ):
+                        stopped.append(r["name"])
+            print(f"stopped {', '.join(stopped)}" if stopped else "no running jobs")
+            return
+        b = self._find(opts.name)
+        if self.portal.call(b.stop(opts.name), timeout=60):
+            print(f"stopped {opts.name}")
+        else:
+            print(f"{opts.name} was not running")
+
+    def close(self) -> None:
+        for b in self._backends.values():
+            try:
+                self.portal.call(b.close(), timeout=60)
+            except Exception:
+                pass

@@ -1,0 +1,1 @@
+"""The GPU spawn form: profiles, validation and the embedded/Kubernetes spawners."""

@@ -1,0 +1,145 @@
+"""Exclusive GPU handout and CPU core placement for the embedded (single-machine) hub.
+
+Why: on one shared machine two notebook servers must never get the same GPU, and the free count the form
+shows must be the one the spawn checks. One `GpuAllocator` per hub process holds the truth; taking GPUs is a
+synchronous check-and-take, so two spawns racing on the hub's event loop cannot both win the last GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from tfdist.gpus import GpuInfo, GpuInventory
+
+from .profiles import GpuModel
+
+__all__ = ["CorePicker", "GpuAllocator", "GpuShortage", "ModelAvailability"]
+
+
+@dataclass(frozen=True)
+class ModelAvailability:
+    """Free and total GPUs of one model (embedded: on this machine; Kubernetes: in the cluster)."""
+
+    free: int
+    total: int
+
+
+class GpuShortage(Exception):
+    """Fewer matching GPUs are free than asked for; `free` says how many are."""
+
+    def __init__(self, model: str, asked: int, free: int) -> None:
+        super().__init__(f"{model}: asked for {asked}, only {free} free")
+        self.model = model
+        self.asked = asked
+        self.free = free
+
+
+class GpuAllocator:
+    """Which server holds which GPU index on this machine.
+
+    Owners are opaque strings (``user/server``). The inventory is read once and cached: GPUs do not come and
+    go while the hub runs, and NVML calls cost milliseconds a form render should not pay.
+    """
+
+    def __init__(self, inventory: GpuInventory) -> None:
+        self._inventory = inventory
+        self._gpus: list[GpuInfo] | None = None
+        self._held: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def gpus(self) -> list[GpuInfo]:
+        if self._gpus is None:
+            self._gpus = sorted(self._inventory.gpus(), key=lambda g: g.index)
+        return self._gpus
+
+    def _matching(self, model: GpuModel) -> list[GpuInfo]:
+        return [g for g in self.gpus() if model.matches_nvml(g.name)]
+
+    def availability(self, models: Mapping[str, GpuModel]) -> dict[str, ModelAvailability]:
+        with self._lock:
+            out = {}
+            for key, model in models.items():
+                match = self._matching(model)
+                out[key] = ModelAvailability(
+                    free=sum(1 for g in match if g.index not in self._held), total=len(match)
+                )
+            return out
+
+    def reserve(self, owner: str, model_key: str, model: GpuModel, count: int) -> list[GpuInfo]:
+        """Take `count` free GPUs of `model` for `owner` (lowest indices first), or raise GpuShortage."""
+        if count <= 0:
+            return []
+        with self._lock:
+            free = [g for g in self._matching(model) if g.index not in self._held]
+            if len(free) < count:
+                raise GpuShortage(model_key, count, len(free))
+            taken = free[:count]
+            for g in taken:
+                self._held[g.index] = owner
+            return taken
+
+    def adopt(self, owner: str, indices: Iterable[int]) -> list[int]:
+        """Re-register GPUs a still-running server held before a hub restart; returns those now held."""
+        with self._lock:
+            ok = []
+            for i in indices:
+                if self._held.get(i, owner) == owner:
+                    self._held[i] = owner
+                    ok.append(i)
+            return ok
+
+    def release(self, owner: str) -> None:
+        with self._lock:
+            for i in [i for i, o in self._held.items() if o == owner]:
+                del self._held[i]
+
+    def held_by(self, owner: str) -> list[int]:
+        with self._lock:
+            return sorted(i for i, o in self._held.items() if o == owner)
+
+
+class CorePicker:
+    """CPU cores for a server's affinity: the least-used cores of the hub's own set.
+
+    Cores are shared when the machine is oversubscribed (CPU time, unlike a GPU, can be shared); affinity
+    keeps one user's 2-core server on 2 cores instead of spreading BLAS threads over all of them.
+    """
+
+    def __init__(self, cores: Iterable[int] | None = None) -> None:
+        self._cores = sorted(cores if cores is not None else _hub_cores())
+        self._use: dict[int, int] = {c: 0 for c in self._cores}
+        self._owners: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def cores(self) -> list[int]:
+        return list(self._cores)
+
+    def pick(self, owner: str, cpu: float) -> list[int]:
+        want = max(1, min(len(self._cores), math.ceil(cpu - 1e-9)))
+        with self._lock:
+            self._release_locked(owner)
+            chosen = sorted(sorted(self._cores, key=lambda c: (self._use[c], c))[:want])
+            for c in chosen:
+                self._use[c] += 1
+            self._owners[owner] = chosen
+            return chosen
+
+    def release(self, owner: str) -> None:
+        with self._lock:
+            self._release_locked(owner)
+
+    def _release_locked(self, owner: str) -> None:
+        for c in self._owners.pop(owner, []):
+            self._use[c] = max(0, self._use[c] - 1)
+
+
+def _hub_cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))

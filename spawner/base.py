@@ -1,0 +1,224 @@
+"""What both tfdist spawners share: profiles, the form, validation on every path, remembered choices.
+
+Why a mixin: the embedded spawner (LocalProcessSpawner) and the Kubernetes one (KubeSpawner) must show the
+same form and apply the same rules; only what a valid choice becomes differs (`apply_choice`), and where the
+free GPU counts come from (`gpu_availability`).
+
+Paths into validation (all call `validation.validate_options`):
+- form POST: `options_from_form` -> the form comes back with the message (HTTP 400);
+- REST ``POST /hub/api/users/{name}/server``: `apply_user_options` -> 400 with the message;
+- ``/hub/spawn?opt-...``: `options_from_query`, like the form.
+A 4xx is a "handled rejection" for JupyterHub, so bad input never counts towards
+``consecutive_failure_limit`` (which restarts the hub) and never shows as a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from tornado import web
+from traitlets import Unicode, default
+from traitlets.config import LoggingConfigurable
+
+from .allocator import ModelAvailability
+from .form import form_to_raw, render_form
+from .profiles import Profile, ProfilesConfig, ProfilesSource
+from .validation import Choice, OptionsError, UserContext, validate_options
+
+__all__ = ["GpuFormMixin", "user_error"]
+
+_STATE_KEY = "tfdist_last_choice"
+_CHOICE_KEY = "tfdist_choice"
+_sources: dict[str, ProfilesSource] = {}
+
+
+def user_error(message: str, status: int = 400) -> web.HTTPError:
+    """An HTTPError JupyterHub shows verbatim on the form page and in the REST JSON ``message``."""
+    err = web.HTTPError(status, "%s", message)  # message as an argument: a '%' in user input is safe
+    err.jupyterhub_message = message  # type: ignore[attr-defined]
+    return err
+
+
+async def _apply_user_options_hook(spawner: Any, user_options: Mapping[str, Any]) -> None:
+    await spawner.tfdist_apply(user_options)
+
+
+class GpuFormMixin(LoggingConfigurable):
+    """Mix in before the concrete Spawner class: ``class S(GpuFormMixin, LocalProcessSpawner)``."""
+
+    profiles_file = Unicode(
+        "",
+        config=True,
+        help="""Path of the GPU profiles YAML (see hub_config/profiles.yaml). Re-read when it changes; a file
+        broken while the hub runs keeps the last good profiles. Load it once in jupyterhub_config.py with
+        tfdist.spawner.profiles.load_profiles_or_exit so a broken file stops the hub at start.""",
+    )
+
+    # set when options were validated for this spawn; persisted in state so a restarted hub knows
+    tfdist_choice: Choice | None = None
+    _tfdist_last_valid: dict[str, Any] | None = None
+    _tfdist_submitted: dict[str, Any] | None = None
+    _tfdist_applied_for: Any = None
+
+    # ---- hooks for the concrete spawners -------------------------------------------------------------
+
+    async def gpu_availability(self) -> dict[str, ModelAvailability] | None:
+        """Free/total GPUs per model key now; None when unknown (e.g. the cluster view is not loaded)."""
+        return None
+
+    def apply_choice(self, choice: Choice, profile: Profile, cfg: ProfilesConfig) -> None:
+        """Turn a validated choice into this spawner's traits (override)."""
+        raise NotImplementedError
+
+    # ---- shared plumbing ------------------------------------------------------------------------------
+
+    def tfdist_profiles(self) -> ProfilesConfig:
+        if not self.profiles_file:
+            raise user_error("The hub has no GPU profiles file configured (profiles_file).", 500)
+        src = _sources.get(self.profiles_file)
+        if src is None:
+            src = _sources[self.profiles_file] = ProfilesSource(self.profiles_file)
+        cfg = src.get()
+        if src.last_error is not None:
+            self.log.error("Keeping the last good GPU profiles; the file is broken now:\n%s", src.last_error)
+        return cfg
+
+    def tfdist_groups(self) -> frozenset[str]:
+        try:
+            return frozenset(g.name for g in self.user.groups)
+        except AttributeError:
+            return frozenset()
+
+    def tfdist_gpus_held_elsewhere(self) -> int:
+        """GPUs held by this user's other servers that are running or starting (for the per-user cap)."""
+        total = 0
+        for sp in getattr(self.user, "spawners", {}).values():
+            if sp is self or not getattr(sp, "active", False):
+                continue
+            choice = getattr(sp, "tfdist_choice", None)
+            if choice is not None:
+                total += choice.gpus
+        return total
+
+    async def tfdist_context(self, with_availability: bool = True) -> UserContext:
+        return UserContext(
+            groups=self.tfdist_groups(),
+            gpus_held_elsewhere=self.tfdist_gpus_held_elsewhere(),
+            free_gpus=(
+                {k: a.free for k, a in av.items()}
+                if with_availability and (av := await self.gpu_availability()) is not None
+                else None
+            ),
+        )
+
+    def tfdist_validate(self, raw: Any, cfg: ProfilesConfig, ctx: UserContext) -> Choice:
+        try:
+            return validate_options(raw, cfg, ctx)
+        except OptionsError as e:
+            self.log.info("Rejected options for %s: %s", self._log_name, e.message)
+            raise user_error(e.message) from None
+
+    # ---- the form -------------------------------------------------------------------------------------
+
+    @default("options_form")
+    def _tfdist_options_form_default(self) -> Any:
+        return _render_options_form
+
+    async def tfdist_render_form(self) -> str:
+        cfg = self.tfdist_profiles()
+        ctx = await self.tfdist_context(with_availability=False)
+        availability = await self.gpu_availability()
+        submitted, self._tfdist_submitted = self._tfdist_submitted, None
+        return render_form(
+            cfg,
+            ctx,
+            availability,
+            remembered=(self._tfdist_last_valid, dict(self.user_options or {})),
+            submitted=submitted,
+        )
+
+    @default("options_from_form")
+    def _tfdist_options_from_form_default(self) -> Any:
+        return self._tfdist_options_from_form
+
+    async def _tfdist_options_from_form(self, formdata: Mapping[str, Any]) -> dict[str, Any]:
+        raw = form_to_raw(formdata)
+        cfg = self.tfdist_profiles()
+        try:
+            choice = self.tfdist_validate(raw, cfg, await self.tfdist_context())
+        except web.HTTPError:
+            # JupyterHub re-renders the form of the user's default server; keep what they typed there
+            target = getattr(self.user, "spawner", None) or self
+            target._tfdist_submitted = {k: v for k, v in raw.items() if isinstance(v, str)}
+            raise
+        return choice.as_user_options()
+
+    def options_from_query(self, query_data: Mapping[str, Any]) -> Any:
+        return self._tfdist_options_from_form(query_data)
+
+    # ---- every spawn, whatever path it came by --------------------------------------------------------
+
+    @default("apply_user_options")
+    def _tfdist_apply_user_options_default(self) -> Any:
+        return _apply_user_options_hook
+
+    async def tfdist_apply(self, user_options: Mapping[str, Any] | None) -> Choice:
+        """Validate (again: REST skips the form) and apply; HTTP 400 with the message when invalid."""
+        cfg = self.tfdist_profiles()
+        opts = dict(user_options or {})
+        choice = self.tfdist_validate(opts, cfg, await self.tfdist_context())
+        profile = cfg.profile(choice.profile)
+        assert profile is not None  # validated
+        self.apply_choice(choice, profile, cfg)
+        self.tfdist_choice = choice
+        self._tfdist_applied_for = user_options
+        self._tfdist_last_valid = choice.as_user_options()
+        return choice
+
+    async def tfdist_ensure_applied(self) -> Choice:
+        """For start(): apply here if an admin's own apply_user_options replaced ours."""
+        if self.tfdist_choice is None or self._tfdist_applied_for is not self.user_options:
+            return await self.tfdist_apply(self.user_options)
+        return self.tfdist_choice
+
+    # ---- state: the last valid choice outlives stop (clear_state keeps it) ----------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()  # type: ignore[misc]
+        if self._tfdist_last_valid:
+            state[_STATE_KEY] = self._tfdist_last_valid
+        if self.tfdist_choice is not None:
+            state[_CHOICE_KEY] = self.tfdist_choice.as_user_options()
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)  # type: ignore[misc]
+        last = state.get(_STATE_KEY)
+        if isinstance(last, dict):
+            self._tfdist_last_valid = json.loads(json.dumps(last))
+        chosen = state.get(_CHOICE_KEY)
+        if isinstance(chosen, dict):
+            try:
+                cfg = self.tfdist_profiles()
+                p = cfg.profile(str(chosen.get("profile")))
+                self.tfdist_choice = Choice(
+                    profile=str(chosen["profile"]),
+                    cpu=float(chosen["cpu"]),
+                    memory_gib=float(chosen["memory"]),
+                    gpus=int(chosen.get("gpus", 0)),
+                    gpu_model=chosen.get("gpu_model") if p is not None else None,
+                    image=str(chosen["image"]),
+                )
+            except (KeyError, TypeError, ValueError, web.HTTPError):
+                self.tfdist_choice = None
+
+    def clear_state(self) -> None:
+        super().clear_state()  # type: ignore[misc]
+        self.tfdist_choice = None
+        self._tfdist_applied_for = None
+
+
+async def _render_options_form(spawner: Any) -> str:
+    return await spawner.tfdist_render_form()

@@ -1,0 +1,225 @@
+"""The spawn form: profiles a user may use, bounded inputs, GPU models with their free counts, images.
+
+Why a module of its own: rendering is pure (profiles + availability + remembered values in, HTML out), so it
+is fast to test and benchmark, and it never decides what is valid: it only helps the user stay inside what
+`validation.validate_options` accepts. Jinja2 autoescaping is on, so anything an admin (display names,
+descriptions) or a user (remembered values) wrote is escaped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from .allocator import ModelAvailability
+from .profiles import FloatRange, Profile, ProfilesConfig
+from .validation import UserContext, validate_options
+
+__all__ = ["CUSTOM_IMAGE", "form_to_raw", "render_form"]
+
+#: value of the image <select> option that means "use the free-form image field"
+CUSTOM_IMAGE = "__custom__"
+#: the free-form image field's name; only the form uses it (REST sends the image itself)
+CUSTOM_IMAGE_FIELD = "image_custom"
+
+_env = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def form_to_raw(formdata: Mapping[str, Any]) -> dict[str, Any]:
+    """Form POST data ({name: [values]}) to raw options for validation; parsing only, no judgement.
+
+    A field sent more than once stays a list, so validation rejects it as the wrong type instead of this
+    function silently keeping the first value.
+    """
+    raw: dict[str, Any] = {}
+    for key, values in formdata.items():
+        if key == "_xsrf":
+            continue
+        if isinstance(values, (list, tuple)):
+            raw[key] = values[0] if len(values) == 1 else list(values)
+        else:
+            raw[key] = values
+    if raw.get("image") == CUSTOM_IMAGE:
+        raw["image"] = raw.pop(CUSTOM_IMAGE_FIELD, "")
+    elif isinstance(raw.get(CUSTOM_IMAGE_FIELD), str):
+        raw.pop(CUSTOM_IMAGE_FIELD)  # the hidden free-form field, left empty or stale
+    if "gpu_model" in raw and raw.get("gpus") in ("0", 0) and isinstance(raw["gpu_model"], str):
+        raw["gpu_model"] = ""  # the model <select> is always sent; with 0 GPUs it means nothing
+    return raw
+
+
+@dataclass
+class _ModelView:
+    key: str
+    display_name: str
+    free: int | None
+    total: int | None
+    selected: bool
+
+    @property
+    def disabled(self) -> bool:
+        return self.free is not None and self.free <= 0
+
+    @property
+    def status(self) -> str:
+        if self.free is None:
+            return "availability unknown"
+        if self.total == 0:
+            return "none on this hub"
+        return f"{self.free} of {self.total} free"
+
+
+@dataclass
+class _ProfileView:
+    profile: Profile
+    selected: bool
+    values: dict[str, str]
+    models: list[_ModelView] = field(default_factory=list)
+    gpu_cap_left: int | None = None
+    notes: list[str] = field(default_factory=list)
+    disabled_reason: str = ""
+
+    @property
+    def slug(self) -> str:
+        return self.profile.slug
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _step(r: FloatRange) -> str:
+    return "0.5" if all(math.isclose(v * 2, round(v * 2)) for v in (r.min, r.max, r.default)) else "any"
+
+
+def _prefill(
+    cfg: ProfilesConfig, groups: frozenset[str], candidates: Iterable[Mapping[str, Any] | None]
+) -> dict[str, Any] | None:
+    """The first remembered choice that is still valid (ranges and lists may have changed since)."""
+    for c in candidates:
+        if not c:
+            continue
+        try:
+            return validate_options(c, cfg, UserContext(groups=groups)).as_user_options()
+        except ValueError:
+            continue
+    return None
+
+
+def _values_for(p: Profile, chosen: Mapping[str, Any] | None) -> dict[str, str]:
+    image_keys = {i.image for i in p.images}
+    v = {
+        "cpu": _num(p.cpu.default),
+        "memory": _num(p.memory_gib.default),
+        "gpus": str(p.gpus.default),
+        "gpu_model": p.default_model or "",
+        "image": p.images[0].image,
+        "image_custom": "",
+    }
+    if chosen and chosen.get("profile") == p.slug:
+        for k in ("cpu", "memory", "gpus"):
+            if k in chosen and isinstance(chosen[k], (int, float, str)):
+                v[k] = _num(chosen[k]) if isinstance(chosen[k], (int, float)) else chosen[k]
+        if isinstance(chosen.get("gpu_model"), str) and chosen["gpu_model"]:
+            v["gpu_model"] = chosen["gpu_model"]
+        img = chosen.get("image")
+        if isinstance(img, str):
+            if img in image_keys:
+                v["image"] = img
+            elif p.custom_image is not None:
+                v["image"], v["image_custom"] = CUSTOM_IMAGE, img
+    return v
+
+
+def render_form(
+    cfg: ProfilesConfig,
+    ctx: UserContext,
+    availability: Mapping[str, ModelAvailability] | None,
+    remembered: Iterable[Mapping[str, Any] | None] = (),
+    submitted: Mapping[str, Any] | None = None,
+) -> str:
+    """HTML for JupyterHub's spawn page (inserted into its <form>).
+
+    `remembered`: candidate previous choices, best first (the last valid one is pre-selected).
+    `submitted`: raw options of a POST that failed validation, shown again so the user can fix them.
+    """
+    allowed = cfg.allowed_profiles(ctx.groups)
+    chosen: Mapping[str, Any] | None = None
+    if submitted and isinstance(submitted.get("profile"), str) and cfg.profile(submitted["profile"]) in allowed:
+        chosen = submitted
+    else:
+        chosen = _prefill(cfg, ctx.groups, remembered)
+    selected_slug = chosen["profile"] if chosen else (allowed[0].slug if allowed else None)
+
+    views = []
+    for p in allowed:
+        values = _values_for(p, chosen)
+        view = _ProfileView(profile=p, selected=p.slug == selected_slug, values=values)
+        if p.offers_gpus:
+            for key in p.gpu_models:
+                av = availability.get(key) if availability is not None else None
+                view.models.append(
+                    _ModelView(
+                        key=key,
+                        display_name=cfg.gpu_models[key].display_name,
+                        free=av.free if av else (0 if availability is not None else None),
+                        total=av.total if av else (0 if availability is not None else None),
+                        selected=key == values["gpu_model"],
+                    )
+                )
+            if p.max_gpus_per_user is not None:
+                view.gpu_cap_left = max(p.max_gpus_per_user - ctx.gpus_held_elsewhere, 0)
+                view.notes.append(
+                    f"At most {p.max_gpus_per_user} GPUs per user across all servers; "
+                    f"your other servers hold {ctx.gpus_held_elsewhere}, so up to {view.gpu_cap_left} here."
+                )
+            fits = [m for m in view.models if not m.disabled]
+            need = max(p.gpus.min, 1)
+            if p.gpus.min > 0 and (
+                not any((m.free is None or m.free >= need) for m in fits)
+                or (view.gpu_cap_left is not None and view.gpu_cap_left < need)
+            ):
+                view.disabled_reason = (
+                    f"Needs at least {p.gpus.min} GPU{'s' if p.gpus.min != 1 else ''} and that many are not "
+                    "free for you right now."
+                )
+            if view.selected and values["gpu_model"] not in {m.key for m in fits} and fits:
+                # the remembered model has none free now: pre-select one that has
+                values["gpu_model"] = fits[0].key
+                for m in view.models:
+                    m.selected = m.key == fits[0].key
+        views.append(view)
+
+    # a selected profile that cannot fit gives way to the first one that can
+    if any(v.selected and v.disabled_reason for v in views):
+        fallback = next((v for v in views if not v.disabled_reason), None)
+        if fallback is not None:
+            for v in views:
+                v.selected = v is fallback
+
+    summary = []
+    if availability is not None:
+        keys = [k for v in views for k in v.profile.gpu_models]
+        for key in dict.fromkeys(keys):
+            av = availability.get(key, ModelAvailability(0, 0))
+            summary.append((cfg.gpu_models[key].display_name, av.free, av.total))
+    return _env.get_template("form.html").render(
+        profiles=views,
+        summary=summary,
+        availability_known=availability is not None,
+        custom_value=CUSTOM_IMAGE,
+        custom_field=CUSTOM_IMAGE_FIELD,
+        num=_num,
+        step=_step,
+    )

@@ -1,0 +1,203 @@
+"""Memory (and CPU time) limits for embedded-mode servers: a cgroup v2 child where we may write one,
+otherwise a documented fallback.
+
+cgroup v2 (preferred): each server gets ``<parent>/tfdist-<owner>`` with ``memory.max`` (and
+``memory.swap.max`` 0, so the limit is not escaped into swap) and ``cpu.max`` from the CPU choice; the server
+process joins it before exec, so kernels it starts inherit it and the kernel OOM killer enforces the limit.
+The parent is ``TfdistLocalSpawner.cgroup_parent`` when set (e.g. a systemd unit with ``Delegate=yes``), else
+the hub's own cgroup. Because cgroup v2 forbids processes in a cgroup that hands controllers to children
+("no internal processes"), the hub first moves the processes of its own cgroup into a ``tfdist-hub`` leaf, as
+container init systems do.
+
+Fallback (cgroup v1 hosts, read-only /sys/fs/cgroup, no delegation): a watchdog in the hub sums the resident
+memory of each server's process tree every few seconds and, above the limit, kills the largest process
+of the tree that is not the server itself (normally the kernel that grew), else the server. It is coarser
+than the kernel's OOM killer (a fast allocation can overshoot between checks), and the hub log says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import signal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+__all__ = [
+    "CgroupV2",
+    "cgroup2_mount",
+    "find_cgroup_parent",
+    "own_cgroup_path",
+    "pick_victim",
+    "tree_rss",
+]
+
+log = logging.getLogger(__name__)
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def cgroup2_mount(mounts_text: str) -> str | None:
+    """The cgroup2 mount point from /proc/self/mounts text (None on a cgroup v1-only host)."""
+    for line in mounts_text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == "cgroup2":
+            return parts[1]
+    return None
+
+
+def own_cgroup_path(proc_cgroup_text: str) -> str | None:
+    """The unified-hierarchy path of this process from /proc/self/cgroup (the ``0::`` line)."""
+    for line in proc_cgroup_text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    return None
+
+
+def _read(p: Path) -> str:
+    return p.read_text().strip()
+
+
+def _enable_controllers(parent: Path, wanted: Iterable[str]) -> set[str]:
+    """Enable controllers for the children of `parent`; returns those now enabled there."""
+    available = set(_read(parent / "cgroup.controllers").split())
+    for c in wanted:
+        if c in available and c not in _read(parent / "cgroup.subtree_control").split():
+            (parent / "cgroup.subtree_control").write_text(f"+{c}")
+    return set(_read(parent / "cgroup.subtree_control").split())
+
+
+def find_cgroup_parent(
+    configured: str | None,
+    *,
+    mounts_text: str | None = None,
+    proc_cgroup_text: str | None = None,
+    move_hub: bool = True,
+) -> tuple[CgroupV2 | None, str]:
+    """A usable cgroup v2 parent and why, or (None, reason) for the fallback."""
+    try:
+        if configured:
+            parent = Path(configured)
+        else:
+            mounts = mounts_text if mounts_text is not None else Path("/proc/self/mounts").read_text()
+            mount = cgroup2_mount(mounts)
+            if mount is None:
+                return None, "no cgroup v2 hierarchy is mounted (cgroup v1 host)"
+            procs = proc_cgroup_text if proc_cgroup_text is not None else Path("/proc/self/cgroup").read_text()
+            own = own_cgroup_path(procs)
+            if own is None:
+                return None, "this process is not in the cgroup v2 hierarchy"
+            parent = Path(mount) / own.lstrip("/")
+        if not (parent / "cgroup.controllers").exists():
+            return None, f"{parent} is not a cgroup v2 directory"
+        if "memory" not in _read(parent / "cgroup.controllers").split():
+            return None, f"the memory controller is not delegated to {parent}"
+        try:
+            enabled = _enable_controllers(parent, ("memory", "cpu"))
+        except OSError as e:
+            if e.errno != errno.EBUSY or not move_hub:
+                raise
+            # "no internal processes": move everything in `parent` into a leaf, then enable.
+            leaf = parent / "tfdist-hub"
+            leaf.mkdir(exist_ok=True)
+            for pid in _read(parent / "cgroup.procs").split():
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    (leaf / "cgroup.procs").write_text(pid)
+            enabled = _enable_controllers(parent, ("memory", "cpu"))
+        if "memory" not in enabled:
+            return None, f"could not enable the memory controller below {parent}"
+        return CgroupV2(parent, cpu="cpu" in enabled), f"cgroup v2 below {parent}"
+    except OSError as e:
+        return None, f"cgroup v2 is not writable here ({e.strerror or e})"
+
+
+@dataclass
+class CgroupV2:
+    """Creates, fills and removes one child cgroup per server below `parent`."""
+
+    parent: Path
+    cpu: bool = True
+
+    def path_for(self, owner: str) -> Path:
+        return self.parent / f"tfdist-{_NAME_BAD.sub('_', owner)}"
+
+    def create(self, owner: str, memory_bytes: int, cpu: float | None) -> Path:
+        path = self.path_for(owner)
+        path.mkdir(exist_ok=True)
+        (path / "memory.max").write_text(str(int(memory_bytes)))
+        if (path / "memory.swap.max").exists():
+            (path / "memory.swap.max").write_text("0")
+        if self.cpu and cpu and (path / "cpu.max").exists():
+            period = 100_000
+            (path / "cpu.max").write_text(f"{max(1000, round(cpu * period))} {period}")
+        return path
+
+    @staticmethod
+    def join_fn(path: Path) -> Callable[[], None]:
+        """For preexec_fn: move the child into the cgroup before exec (async-signal-safe enough: one write)."""
+        procs = str(path / "cgroup.procs")
+
+        def join() -> None:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+        return join
+
+    def remove(self, owner: str) -> None:
+        path = self.path_for(owner)
+        if not path.exists():
+            return
+        kill = path / "cgroup.kill"
+        with contextlib.suppress(OSError):
+            if kill.exists():
+                kill.write_text("1")
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def tree_rss(pid: int) -> list[tuple[int, int]]:
+    """(pid, resident bytes) for a process and all its descendants; empty if it is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            out.append((p.pid, p.memory_info().rss))
+    return out
+
+
+def pick_victim(tree: list[tuple[int, int]], server_pid: int, limit_bytes: int) -> int | None:
+    """Fallback policy: over the limit, the largest non-server process of the tree, else the server."""
+    if sum(rss for _, rss in tree) <= limit_bytes:
+        return None
+    others = [(rss, pid) for pid, rss in tree if pid != server_pid]
+    if others:
+        return max(others)[1]
+    return server_pid
+
+
+def enforce_once(server_pid: int, limit_bytes: int, logger: logging.Logger | logging.LoggerAdapter = log) -> int | None:
+    """One watchdog pass; returns the pid it killed, if any."""
+    tree = tree_rss(server_pid)
+    victim = pick_victim(tree, server_pid, limit_bytes)
+    if victim is None:
+        return None
+    used = sum(rss for _, rss in tree)
+    logger.warning(
+        "tfdist memory watchdog: server pid %s uses %.0f MiB > limit %.0f MiB; killing pid %s",
+        server_pid, used / 2**20, limit_bytes / 2**20, victim,
+    )
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(victim, signal.SIGKILL)
+    return victim

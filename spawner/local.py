@@ -1,0 +1,305 @@
+"""The embedded spawner: the GPU form on one machine, with servers as local processes.
+
+Why: a team with one multi-GPU box should get the same form and rules as on Kubernetes without a cluster.
+GPUs come from NVML (or a configured inventory) and are handed out exclusively through
+``CUDA_VISIBLE_DEVICES``; CPU cores by affinity; memory by a cgroup v2 limit where one is writable, else the
+watchdog fallback (see limits.py). Servers run as the hub's own Unix user (SimpleLocalProcessSpawner): this
+mode is for a team that trusts each other on a shared machine, not for isolating strangers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+from jupyterhub.spawner import SimpleLocalProcessSpawner
+from tornado.ioloop import PeriodicCallback
+from traitlets import Any as AnyTrait
+from traitlets import Bool, Enum, Float, Unicode, default
+
+from tfdist import settings
+from tfdist.gpus import GpuInventory, NvmlInventory
+
+from .allocator import CorePicker, GpuAllocator, GpuShortage, ModelAvailability
+from .base import GpuFormMixin, user_error
+from .limits import CgroupV2, enforce_once, find_cgroup_parent
+from .profiles import Profile, ProfilesConfig
+from .validation import Choice
+
+__all__ = ["TfdistLocalSpawner", "safe_dirname"]
+
+# One allocator per inventory object and one core picker per hub process: shared by all spawners.
+_allocators: dict[int, GpuAllocator] = {}
+_cores: CorePicker | None = None
+_cgroup: tuple[CgroupV2 | None, str] | None = None
+
+
+def safe_dirname(name: str) -> str:
+    """A user name as a single safe path component (hub user names may contain '/', '..', spaces)."""
+    out = re.sub(r"[^a-z0-9_.-]", lambda m: f"-{ord(m.group()):x}-", name.lower())
+    return out if out.strip(".") else f"-{out}"
+
+
+class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
+    """Local-process spawner with the tfdist GPU form, exclusive GPUs and resource limits."""
+
+    gpu_inventory = AnyTrait(
+        None,
+        allow_none=True,
+        config=True,
+        help="""Object with a gpus() -> list[tfdist.gpus.GpuInfo] method; default: NVML
+        (tfdist.gpus.NvmlInventory). Tests put a named fake here.""",
+    )
+    example_dir = Unicode(
+        "",
+        config=True,
+        help="Folder copied into each user's folder as 'examples' on first start (empty: none).",
+    )
+    example_notebook = Unicode(
+        "digits.ipynb",
+        config=True,
+        help="Notebook inside example_dir that each server opens (sets default_url).",
+    )
+    cgroup_mode = Enum(
+        ["auto", "off"],
+        "auto",
+        config=True,
+        help="""'auto': memory/CPU limits by cgroup v2 where writable, else the watchdog fallback;
+        'off': watchdog only.""",
+    )
+    cgroup_parent = Unicode(
+        "",
+        config=True,
+        help="cgroup v2 directory for server cgroups (e.g. a systemd Delegate=yes unit's); default: the hub's own.",
+    )
+    memory_check_interval = Float(
+        5.0, config=True, help="Seconds between fallback watchdog checks of each server's memory (cgroup-less)."
+    )
+    hide_gpus_when_none = Bool(
+        True, config=True, help="Set CUDA_VISIBLE_DEVICES='' for a 0-GPU server so it cannot touch any GPU."
+    )
+
+    _tfdist_gpu_indices: list[int]
+    _tfdist_core_list: list[int]
+    _tfdist_watchdog: PeriodicCallback | None = None
+    _tfdist_cgroup_path: Path | None = None
+
+    @default("home_dir_template")
+    def _home_dir_template_default(self) -> str:
+        base = os.environ.get("TFDIST_HUB_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".local/share/tfdist-hub")
+        return os.path.join(base, "users", "{username}")
+
+    @default("home_dir")
+    def _home_dir_default(self) -> str:
+        return self.home_dir_template.format(username=safe_dirname(self.user.name))
+
+    @default("cmd")
+    def _cmd_default(self) -> list[str]:
+        import sys
+
+        # the hub's own environment, whether or not its bin/ is on PATH
+        return [sys.executable, "-m", "jupyterhub.singleuser"]
+
+    @default("default_url")
+    def _default_url_default(self) -> str:
+        if self.example_dir and self.example_notebook:
+            return f"/lab/tree/examples/{self.example_notebook}"
+        return ""
+
+    # ---- shared per-hub objects ----------------------------------------------------------------------
+
+    def tfdist_allocator(self) -> GpuAllocator:
+        inv: GpuInventory = self.gpu_inventory if self.gpu_inventory is not None else _default_inventory()
+        alloc = _allocators.get(id(inv))
+        if alloc is None:
+            alloc = _allocators[id(inv)] = GpuAllocator(inv)
+        return alloc
+
+    @staticmethod
+    def tfdist_cores() -> CorePicker:
+        global _cores
+        if _cores is None:
+            _cores = CorePicker()
+        return _cores
+
+    def tfdist_cgroup(self) -> CgroupV2 | None:
+        global _cgroup
+        if self.cgroup_mode == "off":
+            return None
+        if _cgroup is None:
+            _cgroup = find_cgroup_parent(self.cgroup_parent or None)
+            how = "cgroup v2" if _cgroup[0] else "watchdog fallback"
+            self.log.info("tfdist memory limits: %s (%s)", how, _cgroup[1])
+        return _cgroup[0]
+
+    @property
+    def tfdist_owner(self) -> str:
+        return f"{self.user.name}/{self.name}"
+
+    # ---- GpuFormMixin hooks ---------------------------------------------------------------------------
+
+    async def gpu_availability(self) -> dict[str, ModelAvailability] | None:
+        return self.tfdist_allocator().availability(self.tfdist_profiles().gpu_models)
+
+    def apply_choice(self, choice: Choice, profile: Profile, cfg: ProfilesConfig) -> None:
+        self.cpu_limit = choice.cpu
+        self.cpu_guarantee = choice.cpu
+        self.mem_limit = choice.memory_bytes
+        self.mem_guarantee = choice.memory_bytes
+
+    # ---- process lifecycle ----------------------------------------------------------------------------
+
+    def _prepare_home(self) -> None:
+        home = Path(self.home_dir)
+        home.mkdir(parents=True, exist_ok=True)
+        if self.example_dir and Path(self.example_dir).is_dir():
+            dest = home / "examples"
+            if not dest.exists():
+                shutil.copytree(self.example_dir, dest)
+
+    async def start(self) -> Any:
+        choice = await self.tfdist_ensure_applied()
+        cfg = self.tfdist_profiles()
+        owner = self.tfdist_owner
+        alloc = self.tfdist_allocator()
+        alloc.release(owner)
+        gpus = []
+        if choice.gpus and choice.gpu_model:
+            model = cfg.gpu_models[choice.gpu_model]
+            try:
+                gpus = alloc.reserve(owner, choice.gpu_model, model, choice.gpus)
+            except GpuShortage as e:
+                raise user_error(
+                    f"{model.display_name}: you asked for {e.asked} GPU{'s' if e.asked != 1 else ''} "
+                    f"but only {e.free} free right now."
+                ) from None
+        self._tfdist_gpu_indices = [g.index for g in gpus]
+        self._tfdist_core_list = self.tfdist_cores().pick(owner, choice.cpu)
+        try:
+            self._prepare_home()
+            cg = self.tfdist_cgroup()
+            self._tfdist_cgroup_path = cg.create(owner, choice.memory_bytes, choice.cpu) if cg else None
+            result = await super().start()
+        except BaseException:
+            self._tfdist_release()
+            raise
+        if self._tfdist_cgroup_path is None and self.memory_check_interval > 0:
+            self._start_watchdog(choice.memory_bytes)
+        self.log.info(
+            "Started %s: GPUs %s, cores %s, %.3g GiB (%s)",
+            owner,
+            self._tfdist_gpu_indices or "none",
+            self._tfdist_core_list,
+            choice.memory_gib,
+            "cgroup v2" if self._tfdist_cgroup_path else "watchdog",
+        )
+        return result
+
+    def make_preexec_fn(self, name: str) -> Callable[[], None]:
+        base = super().make_preexec_fn(name)
+        cores = list(getattr(self, "_tfdist_core_list", []) or [])
+        join = CgroupV2.join_fn(self._tfdist_cgroup_path) if self._tfdist_cgroup_path else None
+
+        def preexec() -> None:
+            base()
+            if join is not None:
+                join()
+            if cores:
+                os.sched_setaffinity(0, cores)
+
+        return preexec
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        choice = self.tfdist_choice
+        indices = list(getattr(self, "_tfdist_gpu_indices", []) or [])
+        if indices or self.hide_gpus_when_none:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
+        # NVML index order == PCI bus order; make CUDA number devices the same way
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env[settings.ENV_BACKEND] = "local"
+        env[settings.ENV_GPUS] = str(len(indices))
+        env[settings.ENV_USER] = self.user.name
+        if choice is not None and choice.gpu_model:
+            env[settings.ENV_GPU_MODEL] = choice.gpu_model
+        if choice is not None:
+            env["MEM_LIMIT"] = str(choice.memory_bytes)  # jupyter-resource-usage shows it
+            env["CPU_LIMIT"] = f"{choice.cpu:g}"
+        return env
+
+    def _start_watchdog(self, limit: int) -> None:
+        def check() -> None:
+            if self.pid:
+                enforce_once(self.pid, limit, self.log)
+
+        self._tfdist_watchdog = PeriodicCallback(check, self.memory_check_interval * 1000)
+        self._tfdist_watchdog.start()
+
+    def _tfdist_release(self) -> None:
+        owner = self.tfdist_owner
+        self.tfdist_allocator().release(owner)
+        self.tfdist_cores().release(owner)
+        if self._tfdist_watchdog is not None:
+            self._tfdist_watchdog.stop()
+            self._tfdist_watchdog = None
+        cg = self.tfdist_cgroup() if self._tfdist_cgroup_path else None
+        if cg is not None:
+            cg.remove(owner)
+        self._tfdist_cgroup_path = None
+        self._tfdist_gpu_indices = []
+        self._tfdist_core_list = []
+
+    async def stop(self, now: bool = False) -> None:
+        leftovers = []
+        if self.pid:
+                    # kernels run in sessions of their own; remember them to end any the server leaves behind
+            with contextlib.suppress(psutil.Error):
+                leftovers = psutil.Process(self.pid).children(recursive=True)
+        try:
+            await super().stop(now=now)
+        finally:
+            for p in leftovers:
+                with contextlib.suppress(psutil.Error, ProcessLookupError):
+                    if p.is_running():
+                        p.send_signal(signal.SIGKILL)
+            self._tfdist_release()
+
+    # ---- state: GPUs held by a server that outlives a hub restart -------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.pid and getattr(self, "_tfdist_gpu_indices", None):
+            state["tfdist_gpus"] = list(self._tfdist_gpu_indices)
+        if self.pid and getattr(self, "_tfdist_core_list", None):
+            state["tfdist_cores"] = list(self._tfdist_core_list)
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        if self.pid and psutil.pid_exists(self.pid):
+            held = self.tfdist_allocator().adopt(self.tfdist_owner, state.get("tfdist_gpus") or [])
+            self._tfdist_gpu_indices = held
+            self._tfdist_core_list = list(state.get("tfdist_cores") or [])
+
+    def clear_state(self) -> None:
+        had_pid = bool(self.pid)
+        super().clear_state()
+        if had_pid:
+            self._tfdist_release()
+
+
+def _default_inventory() -> GpuInventory:
+    global _nvml
+    if _nvml is None:
+        _nvml = NvmlInventory()
+    return _nvml
+
+
+_nvml: GpuInventory | None = None

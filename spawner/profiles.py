@@ -1,0 +1,388 @@
+"""Admin profiles: the YAML file hub admins write, parsed into typed, frozen models.
+
+Why a module of its own: the file is read once at hub start (a broken file must stop the hub with the file,
+the key and the reason) and again when it changes on disk, and both the form and the validation read the
+same models. Unknown keys are errors, not silently ignored: a typo such as ``max_gpu_per_user`` would
+otherwise leave a cap unset.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "ANY_GROUP",
+    "CustomImage",
+    "FloatRange",
+    "GpuModel",
+    "ImageChoice",
+    "IntRange",
+    "Profile",
+    "ProfilesConfig",
+    "ProfilesFileError",
+    "ProfilesSource",
+    "load_profiles",
+    "load_profiles_or_exit",
+    "parse_profiles",
+]
+
+#: The group entry that lets every authenticated user use a profile.
+ANY_GROUP = "*"
+
+_SLUG = r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?"
+# Kubernetes extended resource name: domain-prefixed, e.g. nvidia.com/gpu or nvidia.com/mig-1g.10gb
+_RESOURCE = r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"
+
+
+class ProfilesFileError(Exception):
+    """A profiles file that cannot be used; `str()` is one line per problem: ``file: key: reason``."""
+
+    def __init__(self, path: str, problems: list[tuple[str, str]]) -> None:
+        self.path = path
+        self.problems = problems
+        super().__init__("\n".join(f"{path}: {key}: {reason}" for key, reason in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _finite(v: float, what: str) -> float:
+    if isinstance(v, bool) or not math.isfinite(v):
+        raise ValueError(f"{what} must be a finite number")
+    return v
+
+
+class FloatRange(_Strict):
+    """A bounded numeric choice (CPU cores, memory in GiB)."""
+
+    min: float = Field(gt=0)
+    max: float = Field(gt=0)
+    default: float = Field(gt=0)
+    #: limit = guarantee * limit_factor on Kubernetes (1 = Guaranteed QoS for this resource)
+    limit_factor: float = Field(1.0, ge=1.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FloatRange:
+        for name in ("min", "max", "default", "limit_factor"):
+            _finite(getattr(self, name), name)
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min:g}) is above max ({self.max:g})")
+        if not self.min <= self.default <= self.max:
+            raise ValueError(f"default ({self.default:g}) is outside min..max ({self.min:g}..{self.max:g})")
+        return self
+
+
+class IntRange(_Strict):
+    """A bounded whole-number choice (GPUs)."""
+
+    min: int = Field(0, ge=0, strict=True)
+    max: int = Field(0, ge=0, strict=True)
+    default: int = Field(0, ge=0, strict=True)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        if not self.min <= self.default <= self.max:
+            raise ValueError(f"default ({self.default}) is outside min..max ({self.min}..{self.max})")
+        return self
+
+
+class Toleration(_Strict):
+    """A Kubernetes toleration, written as in a pod spec (camelCase keys)."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(None, alias="tolerationSeconds")
+
+    def as_k8s(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class GpuModel(_Strict):
+    """One GPU model the cluster (or this machine) has, and how to land a pod on it."""
+
+    display_name: str = Field(min_length=1, max_length=200)
+    #: the extended resource requested for it (nvidia.com/gpu, or a MIG slice such as nvidia.com/mig-1g.10gb)
+    resource: str = Field("nvidia.com/gpu", pattern=f"^{_RESOURCE}$", max_length=253)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    #: embedded mode: a regex that must fully match the NVML device name, e.g. "NVIDIA H100.*"
+    nvml_name: str = ".*"
+
+    @field_validator("nvml_name")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression ({e})") from None
+        return v
+
+    def matches_nvml(self, name: str) -> bool:
+        return re.fullmatch(self.nvml_name, name) is not None
+
+
+class ImageChoice(_Strict):
+    """An image on the list; a bare string in YAML is the image itself."""
+
+    image: str = Field(min_length=1, max_length=512)
+    display_name: str | None = Field(None, max_length=200)
+
+    @property
+    def label(self) -> str:
+        return self.display_name or self.image
+
+
+class CustomImage(_Strict):
+    """Free-form images: allowed when the whole string matches `regex` (re.fullmatch, never a prefix)."""
+
+    regex: str = Field(min_length=1)
+    display_name: str = "Other image…"
+    #: shown to users next to the field and in the error message, e.g. "images from registry.example.org/team/"
+    help: str = ""
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression ({e})") from None
+        return v
+
+    def matches(self, image: str) -> bool:
+        return re.fullmatch(self.regex, image) is not None
+
+
+class Profile(_Strict):
+    """What one group of users may choose."""
+
+    slug: str = Field(pattern=f"^{_SLUG}$")
+    display_name: str = Field(min_length=1, max_length=200)
+    description: str = Field("", max_length=2000)
+    #: group names that may use it; "*" means every user
+    groups: list[str] = Field(min_length=1)
+    cpu: FloatRange
+    memory_gib: FloatRange
+    gpus: IntRange = Field(default_factory=IntRange)
+    #: keys of the top-level gpu_models offered here (empty for a CPU-only profile)
+    gpu_models: list[str] = Field(default_factory=list)
+    default_gpu_model: str | None = None
+    images: list[ImageChoice] = Field(min_length=1)
+    custom_image: CustomImage | None = None
+    #: cap on the GPUs one user holds across all of their servers when starting with this profile
+    max_gpus_per_user: int | None = Field(None, ge=0, strict=True)
+    #: optional Kueue LocalQueue for %%tfdist jobs from this profile (TFDIST_KUEUE_QUEUE)
+    kueue_queue: str | None = None
+
+    @field_validator("images", mode="before")
+    @classmethod
+    def _bare_strings(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"image": i} if isinstance(i, str) else i for i in v]
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Profile:
+        if self.gpus.max > 0 and not self.gpu_models:
+            raise ValueError("gpus.max is above 0 but gpu_models is empty: say which GPU models it offers")
+        if self.gpus.max == 0 and self.gpu_models:
+            raise ValueError("gpu_models is set but gpus.max is 0 (a CPU-only profile offers no GPU model)")
+        if self.default_gpu_model is not None and self.default_gpu_model not in self.gpu_models:
+            raise ValueError(f"default_gpu_model {self.default_gpu_model!r} is not in gpu_models")
+        if len(set(self.gpu_models)) != len(self.gpu_models):
+            raise ValueError("gpu_models lists a model twice")
+        images = [i.image for i in self.images]
+        if len(set(images)) != len(images):
+            raise ValueError("images lists an image twice")
+        if self.max_gpus_per_user is not None and self.max_gpus_per_user < self.gpus.min:
+            raise ValueError(f"max_gpus_per_user ({self.max_gpus_per_user}) is below gpus.min ({self.gpus.min})")
+        return self
+
+    @property
+    def offers_gpus(self) -> bool:
+        return self.gpus.max > 0
+
+    @property
+    def default_model(self) -> str | None:
+        return self.default_gpu_model or (self.gpu_models[0] if self.gpu_models else None)
+
+    def allowed_for(self, groups: Iterable[str]) -> bool:
+        return ANY_GROUP in self.groups or not set(self.groups).isdisjoint(groups)
+
+
+class ProfilesConfig(_Strict):
+    """The whole profiles file."""
+
+    gpu_models: dict[str, GpuModel] = Field(default_factory=dict)
+    profiles: list[Profile] = Field(min_length=1)
+
+    @field_validator("gpu_models")
+    @classmethod
+    def _model_keys(cls, v: dict[str, GpuModel]) -> dict[str, GpuModel]:
+        for key in v:
+            if not re.fullmatch(_SLUG, key):
+                raise ValueError(f"GPU model key {key!r} must be lowercase letters, digits and '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _references(self) -> ProfilesConfig:
+        seen: set[str] = set()
+        for p in self.profiles:
+            if p.slug in seen:
+                raise ValueError(f"two profiles have the slug {p.slug!r}")
+            seen.add(p.slug)
+            for m in p.gpu_models:
+                if m not in self.gpu_models:
+                    raise ValueError(f"profile {p.slug!r} offers GPU model {m!r}, which gpu_models does not define")
+        return self
+
+    def profile(self, slug: str) -> Profile | None:
+        for p in self.profiles:
+            if p.slug == slug:
+                return p
+        return None
+
+    def allowed_profiles(self, groups: Iterable[str]) -> list[Profile]:
+        g = set(groups)
+        return [p for p in self.profiles if p.allowed_for(g)]
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key written twice (PyYAML would silently keep the last one)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, Any] = {}
+    for key_node, _value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark, f"the key {key!r} is written twice", key_node.start_mark
+            )
+        seen[key] = True
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _key_path(loc: tuple[int | str, ...], data: Any) -> str:
+    """pydantic's loc as a readable key path, naming the profile by slug: ``profiles[1] (gpu).cpu.max``."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            if isinstance(node, list) and 0 <= part < len(node):
+                node = node[part]
+                slug = node.get("slug") if isinstance(node, dict) else None
+                if isinstance(slug, str) and out.startswith("profiles[") and out.count("[") == 1:
+                    out += f" ({slug})"
+            else:
+                node = None
+        else:
+            if part in ("function-after", "function-before") or "[" in part:
+                continue  # pydantic's internal validator step names
+            out += f".{part}" if out else part
+            node = node.get(part) if isinstance(node, dict) else None
+    return out or "(top level)"
+
+
+def parse_profiles(data: Any, path: str = "<profiles>") -> ProfilesConfig:
+    """Validate already-parsed YAML/JSON data; raises ProfilesFileError naming every bad key."""
+    if not isinstance(data, Mapping):
+        raise ProfilesFileError(path, [("(top level)", "must be a mapping with 'profiles' (and 'gpu_models')")])
+    try:
+        return ProfilesConfig.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors(include_url=False):
+            msg = err["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (check the spelling)"
+            problems.append((_key_path(tuple(err["loc"]), data), msg))
+        raise ProfilesFileError(path, problems) from None
+
+
+def load_profiles(path: str | os.PathLike[str]) -> ProfilesConfig:
+    """Read and validate a profiles YAML file; raises ProfilesFileError (file, key, reason)."""
+    p = str(path)
+    try:
+        text = Path(p).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ProfilesFileError(p, [("(file)", f"cannot be read: {e.strerror or e}")]) from None
+    except UnicodeDecodeError as e:
+        raise ProfilesFileError(p, [("(file)", f"is not UTF-8 ({e.reason} at byte {e.start})")]) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+        raise ProfilesFileError(p, [(where, f"not valid YAML: {e.problem or e.context}")]) from None
+    except yaml.YAMLError as e:
+        raise ProfilesFileError(p, [("(file)", f"not valid YAML: {e}")]) from None
+    return parse_profiles(data, p)
+
+
+def load_profiles_or_exit(path: str | os.PathLike[str]) -> ProfilesConfig:
+    """For jupyterhub_config.py: a broken file stops the hub with a one-line-per-problem message.
+
+    SystemExit is not an Exception, so traitlets' config loader does not swallow it into a traceback.
+    """
+    try:
+        return load_profiles(path)
+    except ProfilesFileError as e:
+        print(f"tfdist: the GPU profiles file is not usable, so the hub will not start:\n{e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class ProfilesSource:
+    """The profiles of a running hub, re-read when the file changes on disk.
+
+    A file broken while the hub runs keeps the last good profiles (and logs why), so an admin's typo never
+    takes down spawning for everyone; at hub start the file must be good (see load_profiles_or_exit).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self._config: ProfilesConfig | None = None
+        self.last_error: ProfilesFileError | None = None
+
+    def get(self) -> ProfilesConfig:
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = None
+        with self._lock:
+            if self._config is not None and stamp == self._stamp:
+                return self._config
+            try:
+                cfg = load_profiles(self.path)
+            except ProfilesFileError as e:
+                if self._config is None:
+                    raise
+                self.last_error = e
+                self._stamp = stamp  # do not re-read a broken file on every request
+                return self._config
+            self._config, self._stamp, self.last_error = cfg, stamp, None
+            return cfg

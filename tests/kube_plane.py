@@ -1,0 +1,580 @@
+"""A real, local Kubernetes control plane for tests: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok (fake kubelets, fake GPU nodes), all plain processes on 127.0.0.1 free ports.
+
+The binaries come from ``scripts/build-k8s`` (built from the Go modules under k8s/modules, cached outside
+the checkout). Nothing here needs root, containers or a real kubelet.
+
+    plane = ControlPlane().start()           # ~10-30 s on 2 cores once the binaries exist
+    plane.add_gpu_nodes(2, gpus_per_node=8, model="NVIDIA-H100-80GB-HBM3")
+    ... use plane.kubeconfig with any client ...
+    plane.stop()                             # kills every process by PID, removes the temp dir
+
+Stdlib-only on purpose (plus ``cryptography`` for the PKI and PyYAML for the node template), so it
+can be used from sync or async tests alike; talk to the cluster with kubernetes_asyncio via
+``plane.kubeconfig``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import copy
+import ctypes
+import datetime
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+KWOK_DIR = REPO / "k8s" / "kwok"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+# GPU memory in MiB as NVIDIA GPU feature discovery reports it (label nvidia.com/gpu.memory); optional.
+GPU_MEMORY_MIB = {
+    "NVIDIA-H100-80GB-HBM3": 81559,
+    "NVIDIA-H200": 143771,
+    "NVIDIA-A100-SXM4-80GB": 81920,
+    "NVIDIA-A100-SXM4-40GB": 40960,
+    "Tesla-V100-SXM2-16GB": 16384,
+    "Tesla-T4": 15360,
+    "NVIDIA-L4": 23034,
+}
+
+
+def find_bin_dir() -> Path:
+    """Where the binaries are (or would be): $TFDIST_K8S_BIN, else what scripts/build-k8s reports."""
+    env = os.environ.get("TFDIST_K8S_BIN")
+    if env:
+        return Path(env)
+    out = subprocess.run(
+        [str(REPO / "scripts" / "build-k8s"), "--print-bindir"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return Path(out.stdout.strip())
+
+
+def missing_binaries(bin_dir: Path) -> list[str]:
+    return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+try:  # resolved before any fork: the child must not dlopen/dlsym
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    # PR_SET_PDEATHSIG=1, SIGKILL: if the test process dies (even by SIGKILL) the kernel kills the child.
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+# --------------------------------------------------------------------------------------------- PKI
+
+
+def _write_pki(d: Path) -> None:
+    """CA, apiserver serving cert (IP SAN 127.0.0.1), service-account signing key pair (EC P-256)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def key_pem(k) -> bytes:
+        return k.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+
+    now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+    later = now + datetime.timedelta(days=30)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tfdist-test-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(later)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    srv_key = ec.generate_private_key(ec.SECP256R1())
+    sans = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),  # first IP of --service-cluster-ip-range
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes"),
+        x509.DNSName("kubernetes.default"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.DNSName("kubernetes.default.svc.cluster.local"),
+    ]
+    srv = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(srv_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(later)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    sa_key = ec.generate_private_key(ec.SECP256R1())
+    files = {
+        "ca.crt": ca.public_bytes(serialization.Encoding.PEM),
+        "ca.key": key_pem(ca_key),
+        "apiserver.crt": srv.public_bytes(serialization.Encoding.PEM),
+        "apiserver.key": key_pem(srv_key),
+        "sa.key": key_pem(sa_key),
+        "sa.pub": sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+    }
+    d.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+        os.chmod(d / name, 0o600)
+
+
+# --------------------------------------------------------------------------------------- the plane
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok on free 127.0.0.1 ports.
+
+    Attributes once started: ``kubeconfig`` (admin kubeconfig path), ``server`` (https URL),
+    ``token`` (admin bearer token, group system:masters), ``ca_file``, ``workdir``, ``start_seconds``.
+    """
+
+    ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+    def __init__(self, bin_dir: str | os.PathLike | None = None, kwok_dir: str | os.PathLike | None = None):
+        self.bin_dir = Path(bin_dir) if bin_dir else find_bin_dir()
+        self.kwok_dir = Path(kwok_dir) if kwok_dir else KWOK_DIR
+        self.workdir: Path | None = None
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports: dict[str, int] = {}
+        self.args: dict[str, list[str]] = {}
+        self.start_seconds: float | None = None
+        self._node_seq = 0
+        self._ssl: ssl.SSLContext | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, timeout: float = 120.0) -> ControlPlane:
+        missing = missing_binaries(self.bin_dir)
+        if missing:
+            raise ControlPlaneError(f"missing binaries in {self.bin_dir}: {missing} (run scripts/build-k8s)")
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        atexit.register(self.stop)
+        try:
+            self._prepare()
+            self._spawn("etcd")
+            self._wait("etcd /health", deadline, self._etcd_healthy)
+            self._spawn("kube-apiserver")
+            self._wait("kube-apiserver /readyz", deadline, self._apiserver_ready)
+            self._spawn("kube-controller-manager")
+            self._spawn("kube-scheduler")
+            self._spawn("kwok")
+            self._wait("kube-scheduler /healthz", deadline, lambda: self._component_healthy("kube-scheduler"))
+            self._wait(
+                "kube-controller-manager /healthz",
+                deadline,
+                lambda: self._component_healthy("kube-controller-manager"),
+            )
+            # The ServiceAccount admission plugin rejects pods until KCM has created the default SA.
+            self._wait(
+                "serviceaccount default/default",
+                deadline,
+                lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """Kill every process by PID, newest first (SIGTERM, then SIGKILL), and remove the temp dir."""
+        for name in reversed(list(self.procs)):
+            self._kill(name)
+        self.procs.clear()
+        if self.workdir and self.workdir.exists() and not os.environ.get("TFDIST_K8S_KEEP_DIR"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.stop)
+
+    def restart_apiserver(self, timeout: float = 90.0, down_seconds: float = 0.0) -> float:
+        """Kill kube-apiserver and start it again on the same port; returns seconds until /readyz is ok."""
+        self._kill("kube-apiserver")
+        if down_seconds:
+            time.sleep(down_seconds)
+        t0 = time.monotonic()
+        self._spawn("kube-apiserver")
+        self._wait("kube-apiserver /readyz", t0 + timeout, self._apiserver_ready)
+        return time.monotonic() - t0
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ nodes
+
+    def add_gpu_nodes(
+        self,
+        count: int,
+        gpus_per_node: int,
+        model: str,
+        *,
+        name_prefix: str | None = None,
+        labels: dict[str, str] | None = None,
+        taints: list[dict] | None = None,
+        cpu: str = "64",
+        memory: str = "512Gi",
+        wait: bool = True,
+        timeout: float = 60.0,
+    ) -> list[str]:
+        """Create ``count`` kwok nodes advertising ``gpus_per_node`` x nvidia.com/gpu of ``model``
+        (label nvidia.com/gpu.product). Waits until kwok reports them Ready and the controller-manager
+        has lifted the not-ready taint, i.e. until the scheduler may use them. Returns the node names."""
+        template = yaml.safe_load((self.kwok_dir / "gpu-node.yaml").read_text())
+        slug = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")[:30].strip("-")
+        prefix = name_prefix or f"kwok-gpu-{slug}"
+        names = []
+        for _ in range(count):
+            name = f"{prefix}-{self._node_seq}"
+            self._node_seq += 1
+            node = copy.deepcopy(template)
+            meta = node["metadata"]
+            meta["name"] = name
+            meta["labels"].update(
+                {
+                    "kubernetes.io/hostname": name,
+                    "nvidia.com/gpu.product": model,
+                    "nvidia.com/gpu.count": str(gpus_per_node),
+                }
+            )
+            if model in GPU_MEMORY_MIB:
+                meta["labels"]["nvidia.com/gpu.memory"] = str(GPU_MEMORY_MIB[model])
+            else:
+                meta["labels"].pop("nvidia.com/gpu.memory", None)
+            meta["labels"].update(labels or {})
+            node["spec"]["providerID"] = f"kwok://{name}"
+            if taints:
+                node["spec"]["taints"] = taints
+            for key in ("capacity", "allocatable"):
+                node["status"][key].update(
+                    {"nvidia.com/gpu": str(gpus_per_node), "cpu": cpu, "memory": memory}
+                )
+            self.request("POST", "/api/v1/nodes", node)
+            names.append(name)
+        if wait:
+            deadline = time.monotonic() + timeout
+            for name in names:
+                self._wait(
+                    f"node {name} Ready and schedulable", deadline, lambda n=name: self._node_usable(n)
+                )
+        return names
+
+    def _node_usable(self, name: str) -> bool:
+        node = self.get(f"/api/v1/nodes/{name}")
+        if not node:
+            return False
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in node.get("status", {}).get("conditions", [])
+        )
+        blocked = any(
+            t.get("key") in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+            for t in node.get("spec", {}).get("taints", []) or []
+        )
+        return ready and not blocked
+
+    def create_namespace(self, name: str, timeout: float = 60.0) -> str:
+        """Create a namespace and wait for its default ServiceAccount (created by KCM; pods need it)."""
+        self.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+        self._wait(
+            f"serviceaccount {name}/default",
+            time.monotonic() + timeout,
+            lambda: self.get(f"/api/v1/namespaces/{name}/serviceaccounts/default") is not None,
+        )
+        return name
+
+    # ------------------------------------------------------------------ tiny REST client (stdlib)
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(req, context=self._ssl, timeout=timeout) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw[:1] == b"{" else raw.decode()
+
+    def get(self, path: str):
+        """GET returning None on 404."""
+        try:
+            return self.request("GET", path)
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run kubectl (if scripts/build-k8s built it) against this plane."""
+        return subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            check=check,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def logs(self, name: str, lines: int = 40) -> str:
+        if not self.workdir:
+            return ""
+        path = self.workdir / f"{name}.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    # ------------------------------------------------------------------ internals
+
+    def _prepare(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="tfdist-k8s-"))
+        d = self.workdir
+        pki = d / "pki"
+        _write_pki(pki)
+        self.ca_file = str(pki / "ca.crt")
+        self.token = secrets.token_hex(16)
+        kcm_token, sched_token, kwok_token = (secrets.token_hex(16) for _ in range(3))
+        # token,user,uid,"groups". All components are cluster-admins (system:masters): this is a test plane.
+        (pki / "tokens.csv").write_text(
+            f'{self.token},admin,uid-admin,"system:masters"\n'
+            f'{kcm_token},system:kube-controller-manager,uid-kcm,"system:masters"\n'
+            f'{sched_token},system:kube-scheduler,uid-scheduler,"system:masters"\n'
+            f'{kwok_token},kwok,uid-kwok,"system:masters"\n'
+        )
+        for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            self.ports[name] = free_port()
+        self.server = f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+        self._ssl = ssl.create_default_context(cafile=self.ca_file)
+
+        def kubeconfig(path: Path, user: str, token: str) -> str:
+            cfg = {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "tfdist-test",
+                        "cluster": {"server": self.server, "certificate-authority": self.ca_file},
+                    }
+                ],
+                "users": [{"name": user, "user": {"token": token}}],
+                "contexts": [{"name": "tfdist-test", "context": {"cluster": "tfdist-test", "user": user}}],
+                "current-context": "tfdist-test",
+            }
+            path.write_text(yaml.safe_dump(cfg))
+            os.chmod(path, 0o600)
+            return str(path)
+
+        self.kubeconfig = kubeconfig(d / "admin.kubeconfig", "admin", self.token)
+        kcm_kc = kubeconfig(d / "kcm.kubeconfig", "kube-controller-manager", kcm_token)
+        sched_kc = kubeconfig(d / "scheduler.kubeconfig", "kube-scheduler", sched_token)
+        kwok_kc = kubeconfig(d / "kwok.kubeconfig", "kwok", kwok_token)
+
+        p = self.ports
+        peer = f"http://127.0.0.1:{p['etcd-peer']}"
+        client = f"http://127.0.0.1:{p['etcd']}"
+        self.args = {
+            "etcd": [
+                "--name=default",
+                f"--data-dir={d / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+            "kube-apiserver": [
+                f"--etcd-servers={client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={p['kube-apiserver']}",
+                # Without it the apiserver tries to write a loopback IP into the kubernetes Endpoints.
+                "--endpoint-reconciler-type=none",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--token-auth-file={pki / 'tokens.csv'}",
+                "--authorization-mode=Node,RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                f"--cert-dir={pki}",
+                "--profiling=false",
+            ],
+            "kube-controller-manager": [
+                f"--kubeconfig={kcm_kc}",
+                f"--authentication-kubeconfig={kcm_kc}",
+                f"--authorization-kubeconfig={kcm_kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={p['kube-controller-manager']}",
+                f"--cert-dir={d / 'kcm-certs'}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--node-monitor-period=2s",
+                "--profiling=false",
+            ],
+            "kube-scheduler": [
+                f"--kubeconfig={sched_kc}",
+                f"--authentication-kubeconfig={sched_kc}",
+                f"--authorization-kubeconfig={sched_kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={p['kube-scheduler']}",
+                f"--cert-dir={d / 'scheduler-certs'}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+            "kwok": [
+                f"--kubeconfig={kwok_kc}",
+                f"--config={self.kwok_dir / 'kwok.yaml'}",
+                f"--config={self.kwok_dir / 'stages.yaml'}",
+            ],
+        }
+
+    def _spawn(self, name: str) -> None:
+        assert self.workdir is not None
+        log = open(self.workdir / f"{name}.log", "ab")
+        try:
+            self.procs[name] = subprocess.Popen(
+                [str(self.bin_dir / name), *self.args[name]],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env={**os.environ, "HOME": str(self.workdir)},  # kwok reads ~/.kwok; keep it private
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            log.close()
+
+    def _kill(self, name: str, grace: float = 5.0) -> None:
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def _wait(self, what: str, deadline: float, check) -> None:
+        last_err = None
+        while True:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{name} exited with {proc.returncode} while waiting for {what}; "
+                        f"log tail:\n{self.logs(name)}"
+                    )
+            try:
+                if check():
+                    return
+            except (OSError, urllib.error.URLError, ValueError) as e:
+                last_err = e
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {n}.log\n{self.logs(n, 15)}" for n in self.procs)
+                raise ControlPlaneError(f"timed out waiting for {what} (last error: {last_err!r})\n{tails}")
+            time.sleep(0.2)
+
+    def _etcd_healthy(self) -> bool:
+        url = f"http://127.0.0.1:{self.ports['etcd']}/health"
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return json.loads(r.read()).get("health") == "true"
+
+    def _apiserver_ready(self) -> bool:
+        try:
+            return self.request("GET", "/readyz", timeout=2) == "ok"
+        except urllib.error.HTTPError:
+            return False
+
+    def _component_healthy(self, name: str) -> bool:
+        # KCM and the scheduler serve /healthz with a self-signed certificate; anonymous access is allowed.
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        url = f"https://127.0.0.1:{self.ports[name]}/healthz"
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=2) as r:
+                return r.read() == b"ok"
+        except urllib.error.HTTPError:
+            return False

@@ -1,0 +1,123 @@
+"""The local control plane is real: the real kube-scheduler places GPU pods on kwok nodes by
+nvidia.com/gpu allocatable and node labels, and the real kube-controller-manager garbage-collects."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import pytest
+
+if "k8s_fixtures" not in sys.modules:  # tests/conftest.py normally imports them; keep this file standalone
+    from k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: F401
+
+pytestmark = pytest.mark.k8s
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def gpu_pod(name: str, gpus: int, model: str | None = None, labels: dict | None = None, owner=None) -> dict:
+    spec = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": "main",
+                "image": "example.invalid/tfdist-worker:test",
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "1", "memory": "1Gi"}},
+            }
+        ],
+    }
+    if model:
+        spec["nodeSelector"] = {"nvidia.com/gpu.product": model}
+    meta = {"name": name, "labels": labels or {}}
+    if owner is not None:
+        meta["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Pod", "name": owner.metadata.name, "uid": owner.metadata.uid}
+        ]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+async def wait_for(what: str, probe, timeout: float = 60.0, interval: float = 0.25):
+    """Await ``probe()`` until it returns something truthy; fail with the last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+async def test_gpu_pod_scheduled_on_requested_model_and_running(k8s_plane, k8s_api, k8s_namespace):
+    from kubernetes_asyncio import client
+
+    core = client.CoreV1Api(k8s_api)
+    await core.create_namespaced_pod(k8s_namespace, gpu_pod("train-h100", 2, model=H100))
+
+    async def running():
+        pod = await core.read_namespaced_pod("train-h100", k8s_namespace)
+        return pod if pod.status.phase == "Running" else None
+
+    pod = await wait_for("pod train-h100 Running", running)
+    assert pod.spec.node_name, "the scheduler did not bind the pod"
+    node = await core.read_node(pod.spec.node_name)
+    assert node.metadata.labels["nvidia.com/gpu.product"] == H100
+    assert node.metadata.annotations["kwok.x-k8s.io/node"] == "fake"
+    assert int(node.status.allocatable["nvidia.com/gpu"]) >= 2
+    # kwok's pod-ready stage: containers running, a fake pod IP from the configured CIDR.
+    assert pod.status.container_statuses[0].state.running is not None
+    assert pod.status.pod_ip and pod.status.pod_ip.startswith("10.244.")
+    scheduled = next(c for c in pod.status.conditions if c.type == "PodScheduled")
+    assert scheduled.status == "True"
+
+
+async def test_gpu_pod_larger_than_any_node_stays_pending(k8s_plane, k8s_api, k8s_namespace):
+    from kubernetes_asyncio import client
+
+    core = client.CoreV1Api(k8s_api)
+    await core.create_namespaced_pod(k8s_namespace, gpu_pod("too-big", 64))
+
+    async def unschedulable():
+        pod = await core.read_namespaced_pod("too-big", k8s_namespace)
+        for c in pod.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+                return pod, c
+        return None
+
+    pod, cond = await wait_for("PodScheduled=False for too-big", unschedulable)
+    assert "Insufficient nvidia.com/gpu" in cond.message, cond.message
+    assert pod.status.phase == "Pending"
+    assert not pod.spec.node_name
+
+
+async def test_controller_manager_garbage_collects_dependents(k8s_plane, k8s_api, k8s_namespace):
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    core = client.CoreV1Api(k8s_api)
+    owner = await core.create_namespaced_pod(k8s_namespace, gpu_pod("owner", 1))
+    await core.create_namespaced_pod(k8s_namespace, gpu_pod("dependent", 1, owner=owner))
+
+    async def both_running():
+        pods = await core.list_namespaced_pod(k8s_namespace)
+        return len([p for p in pods.items if p.status.phase == "Running"]) == 2
+
+    await wait_for("owner and dependent Running", both_running)
+    # Background propagation: the API deletes the owner (kwok's pod-delete stage finishes the graceful
+    # deletion), then the controller-manager's garbage collector deletes the dependent.
+    await core.delete_namespaced_pod("owner", k8s_namespace)
+
+    async def gone(name):
+        try:
+            await core.read_namespaced_pod(name, k8s_namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        return False
+
+    await wait_for("owner deleted", lambda: gone("owner"))
+    await wait_for("dependent garbage-collected", lambda: gone("dependent"), timeout=90)
