@@ -65,6 +65,8 @@ class TfdistMagics(Magics):
         self.settings: Settings = from_environ()
         self._backends: dict[str, Backend] = {}
         self.portal = Portal.get()
+        self._pumps: set[Any] = set()
+        self._events: queue.Queue = queue.Queue()
 
     # ------------------------------------------------------------------ plumbing
     def backend(self, name: str) -> Backend:
@@ -82,11 +84,11 @@ class TfdistMagics(Magics):
             if cell is None:
                 raise UsageError("run is a cell magic: put %%tfdist run on the first line of the cell\n" + USAGE)
             return self.run(rest, cell)
-        if cell is not None:
-            raise UsageError(f"%%tfdist {sub} does not take a cell; did you mean %%tfdist run?")
         handlers = {"list": self.list, "status": self.status, "logs": self.logs, "stop": self.stop}
         if sub not in handlers:
             raise UsageError(f"unknown %tfdist command {sub!r}\n{USAGE}")
+        if cell is not None:
+            raise UsageError(f"%%tfdist {sub} does not take a cell; did you mean %%tfdist run?")
         return handlers[sub](rest)
 
     # ------------------------------------------------------------------ run
@@ -145,21 +147,11 @@ class TfdistMagics(Magics):
         monitor = make_monitor(view)
         if hasattr(monitor, "widget"):
             display(monitor.widget)
-        events: queue.Queue = queue.Queue()
-
-        async def pump() -> None:
-            try:
-                async for ev in backend.watch(spec.name):
-                    events.put(ev)
-            finally:
-                events.put(None)
-
-        self.portal.spawn(pump())
         try:
-            self._follow(view, monitor, events)
+            self._follow(backend, view, monitor)
         except KeyboardInterrupt:
             self.portal.call(backend.stop(spec.name), timeout=30)
-            self._drain(view, events, timeout=5)
+            self._drain(view, self._events, timeout=5)
             view.state, view.message = "stopped", "interrupted from the notebook"
             monitor.refresh(view)
             print(f"tfdist: job {spec.name} interrupted; all its processes were ended")
@@ -179,11 +171,39 @@ class TfdistMagics(Magics):
                 return True
             view.apply(ev)
 
-    def _follow(self, view: JobView, monitor: Any, events: queue.Queue) -> None:
-        ended = False
-        while not ended:
+    def _subscribe(self, backend: Backend, name: str) -> queue.Queue:
+        """Events of the job into a queue the cell reads; None marks the end of the stream."""
+        events: queue.Queue = queue.Queue()
+
+        async def pump() -> None:
+            try:
+                async for ev in backend.watch(name):
+                    events.put(ev)
+            except Exception as exc:  # the stream broke: say so, the caller re-subscribes
+                events.put({"type": "log", "lines": [["tfdist", f"event stream interrupted: {exc!r}"]]})
+            finally:
+                events.put(None)
+
+        fut = self.portal.spawn(pump())
+        self._pumps.add(fut)  # a strong reference until done: the loop keeps only weak ones
+        fut.add_done_callback(self._pumps.discard)
+        return events
+
+    def _follow(self, backend: Backend, view: JobView, monitor: Any) -> None:
+        events = self._subscribe(backend, view.name)
+        self._events = events
+        while True:
             ended = self._drain(view, events, REFRESH_S)
             monitor.refresh(view)
+            if ended:
+                if view.finished:
+                    return
+                current = self.portal.call(backend.status(view.name), timeout=30)
+                if current.finished:
+                    view.apply({"type": "snapshot", "view": current.to_dict()})
+                    return
+                events = self._subscribe(backend, view.name)  # still running: watch again
+                self._events = events
 
     def _finish(self, backend: Backend, view: JobView, monitor: Any) -> None:
         if not view.finished:  # the stream broke off: ask once more

@@ -2,7 +2,7 @@
 
 Use from tests/conftest.py:
 
-    from k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: F401
+    from tests.k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: F401
 
 ``k8s_plane`` (session): one real control plane for the whole run, with four kwok GPU nodes
 (2 x 8 NVIDIA-H100-80GB-HBM3, 2 x 4 NVIDIA-A100-SXM4-80GB). Skips when the binaries are missing and
@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import uuid
 
-import kube_plane
 import pytest
+
+from tests import kube_plane
 
 # The nodes every session gets. Tests that need other shapes call k8s_plane.add_gpu_nodes().
 DEFAULT_GPU_NODES = (

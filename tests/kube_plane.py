@@ -4,7 +4,7 @@ kube-scheduler and kwok (fake kubelets, fake GPU nodes), all plain processes on 
 The binaries come from ``scripts/build-k8s`` (built from the Go modules under k8s/modules, cached outside
 the checkout). Nothing here needs root, containers or a real kubelet.
 
-    plane = ControlPlane().start()           # ~10-30 s on 2 cores once the binaries exist
+    plane = ControlPlane().start()           # ~8-15 s on 2 cores once the binaries exist
     plane.add_gpu_nodes(2, gpus_per_node=8, model="NVIDIA-H100-80GB-HBM3")
     ... use plane.kubeconfig with any client ...
     plane.stop()                             # kills every process by PID, removes the temp dir
@@ -31,6 +31,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -445,13 +446,13 @@ class ControlPlane:
         client = f"http://127.0.0.1:{p['etcd']}"
         self.args = {
             "etcd": [
-                "--name=default",
+                "--name=tfdist",
                 f"--data-dir={d / 'etcd'}",
                 f"--listen-client-urls={client}",
                 f"--advertise-client-urls={client}",
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=default={peer}",
+                f"--initial-cluster=tfdist={peer}",
                 "--unsafe-no-fsync=true",
                 "--log-level=warn",
             ],
@@ -483,6 +484,9 @@ class ControlPlane:
                 f"--secure-port={p['kube-controller-manager']}",
                 f"--cert-dir={d / 'kcm-certs'}",
                 "--leader-elect=false",
+                # Don't read the requestheader CA from kube-system/extension-apiserver-authentication: this
+                # apiserver has none, and the lookup would log "missing content for CA bundle" forever.
+                "--authentication-skip-lookup=true",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
@@ -498,6 +502,7 @@ class ControlPlane:
                 f"--secure-port={p['kube-scheduler']}",
                 f"--cert-dir={d / 'scheduler-certs'}",
                 "--leader-elect=false",
+                "--authentication-skip-lookup=true",
                 "--profiling=false",
             ],
             "kwok": [
@@ -509,6 +514,7 @@ class ControlPlane:
 
     def _spawn(self, name: str) -> None:
         assert self.workdir is not None
+        in_main_thread = threading.current_thread() is threading.main_thread()
         log = open(self.workdir / f"{name}.log", "ab")
         try:
             self.procs[name] = subprocess.Popen(
@@ -519,7 +525,9 @@ class ControlPlane:
                 cwd=self.workdir,
                 env={**os.environ, "HOME": str(self.workdir)},  # kwok reads ~/.kwok; keep it private
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                # PDEATHSIG fires when the spawning *thread* exits, so only from the main thread (a plane
+                # restarted via asyncio.to_thread would otherwise die with the executor's worker thread).
+                preexec_fn=_die_with_parent if in_main_thread else None,
             )
         finally:
             log.close()

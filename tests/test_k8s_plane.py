@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-if "k8s_fixtures" not in sys.modules:  # tests/conftest.py normally imports them; keep this file standalone
-    from k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: F401
+if "tests.k8s_fixtures" not in sys.modules:  # tests/conftest.py should import them; until then, here
+    from tests.k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: F401
 
 pytestmark = pytest.mark.k8s
 
@@ -121,3 +121,26 @@ async def test_controller_manager_garbage_collects_dependents(k8s_plane, k8s_api
 
     await wait_for("owner deleted", lambda: gone("owner"))
     await wait_for("dependent garbage-collected", lambda: gone("dependent"), timeout=90)
+
+
+async def test_kwok_fail_stage_fails_labelled_pod(k8s_plane, k8s_api, k8s_namespace):
+    """k8s/kwok/stages.yaml pod-fail: label sim.tfdist.io/outcome=fail turns a Running pod Failed."""
+    from kubernetes_asyncio import client
+
+    core = client.CoreV1Api(k8s_api)
+    body = gpu_pod("doomed", 1, labels={"sim.tfdist.io/outcome": "fail"})
+    body["metadata"]["annotations"] = {
+        "sim.tfdist.io/delay": "500ms",
+        "sim.tfdist.io/exit-code": "137",
+        "sim.tfdist.io/reason": "OOMKilled",
+    }
+    await core.create_namespaced_pod(k8s_namespace, body)
+
+    async def failed():
+        pod = await core.read_namespaced_pod("doomed", k8s_namespace)
+        return pod if pod.status.phase == "Failed" else None
+
+    pod = await wait_for("pod doomed Failed", failed)
+    term = pod.status.container_statuses[0].state.terminated
+    assert (term.exit_code, term.reason) == (137, "OOMKilled")
+    assert pod.spec.node_name

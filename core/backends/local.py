@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..errors import BackendUnavailable, JobSpecError
+from ..errors import BackendUnavailable, JobFailed, JobSpecError
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..runtime import events
@@ -104,6 +104,9 @@ class LocalBackend(Backend):
             json.dump({"gpus": launch.gpus, "cwd": launch.cwd, "env": launch.env}, f)
         with open(os.path.join(d, "payload.bin"), "wb") as f:
             f.write(payload)
+        with open(os.path.join(d, "state.json"), "w") as f:  # until the supervisor writes its own
+            json.dump({"state": "pending", "message": "launching", "created": time.time(),
+                       "tasks_total": spec.task_count}, f)
         env = dict(os.environ)
         env["TFDIST_NETNS"] = "1" if prefix else "0"
         env["PYTHONUNBUFFERED"] = "1"
@@ -124,6 +127,9 @@ class LocalBackend(Backend):
         while not os.path.exists(sock):
             if proc.poll() is not None:
                 self._lifelines.pop(spec.name, None)
+                view = self._offline_view(spec.name)
+                if view.error:  # it ran, and refused (e.g. a port in use): the job's own words
+                    raise JobFailed(view.error.get("message") or view.message, job=spec.name)
                 with open(os.path.join(d, "supervisor.log"), errors="replace") as f:
                     tail = f.read()[-2000:]
                 raise BackendUnavailable(f"the job's supervisor exited at start (code {proc.returncode}):\n{tail}")
@@ -234,8 +240,9 @@ class LocalBackend(Backend):
         except (OSError, ValueError):
             view.state = "failed"
             view.message = "the job ended without recording its state"
-        if view.state not in ("succeeded", "failed", "stopped"):  # supervisor died without a word
-            view.state, view.message = "failed", "the job's supervisor is gone"
+        launching = self._supervisor_pid(name) is None and time.time() - view.created < 60
+        if view.state not in ("succeeded", "failed", "stopped") and not launching:
+            view.state, view.message = "failed", "the job's supervisor is gone"  # died without a word
         return view
 
     async def list_jobs(self) -> list[dict[str, Any]]:

@@ -1,0 +1,66 @@
+"""Shared fixtures. Test doubles live in tests/doubles/ and are named for what they stand in for."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.kernels import Kernel, job_processes, kernel_env
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+@pytest.fixture(scope="session")
+def examples_dir() -> str:
+    return os.path.join(ROOT, "examples")
+
+
+@pytest.fixture(scope="module")
+def tf_kernel(tmp_path_factory):
+    """A real kernel with TF imported, the extension loaded and a small digits model + dataset defined."""
+    state = str(tmp_path_factory.mktemp("tfdist-state"))
+    k = Kernel(kernel_env(state), cwd=str(tmp_path_factory.mktemp("nb")))
+    k.state_dir = state  # type: ignore[attr-defined]
+    r = k.execute(SETUP_CODE, timeout=180)
+    assert r.error is None, r.error_text
+    yield k
+    k.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_job_left_behind():
+    """Every test must leave no job process running (the product's promise, checked everywhere)."""
+    before = {p.pid for p in job_processes()}
+    yield
+    import time
+
+    deadline = time.time() + 15
+    left = []
+    while time.time() < deadline:
+        left = [p for p in job_processes() if p.pid not in before and p.is_running()
+                and p.status() != "zombie"]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, f"job processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+SETUP_CODE = """
+import os
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np, tensorflow as tf
+from sklearn.datasets import load_digits
+%load_ext tfdist
+_d = load_digits()
+x = (_d.data / 16.0).astype("float32"); y = _d.target.astype("int64")
+train_ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048, seed=0).repeat().batch(64)
+def make_model():
+    m = tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(64, activation="relu"),
+                             tf.keras.layers.Dense(10)])
+    m.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1),
+              loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return m
+model = make_model()
+"""

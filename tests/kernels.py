@@ -1,0 +1,125 @@
+"""A real IPython kernel for tests (jupyter_client), plus helpers to find a job's processes.
+
+Used instead of an in-process shell so interrupts, kernel death and widget/display messages behave
+exactly as in JupyterLab.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from jupyter_client.manager import KernelManager
+
+
+@dataclass
+class Result:
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        parts = []
+        for o in self.outputs:
+            if o["msg_type"] == "stream":
+                parts.append(o["content"]["text"])
+            elif o["msg_type"] in ("execute_result", "display_data"):
+                parts.append(o["content"]["data"].get("text/plain", ""))
+        return "".join(parts)
+
+    @property
+    def error_text(self) -> str:
+        if not self.error:
+            return ""
+        import re
+
+        tb = "\n".join(self.error.get("traceback", []))
+        return re.sub(r"\x1b\[[0-9;]*m", "", f"{self.error['ename']}: {self.error['evalue']}\n{tb}")
+
+    def mimetypes(self) -> set[str]:
+        out: set[str] = set()
+        for o in self.outputs:
+            if o["msg_type"] in ("execute_result", "display_data"):
+                out |= set(o["content"]["data"])
+        return out
+
+
+class Kernel:
+    def __init__(self, env: dict[str, str], cwd: str):
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(env=env, cwd=cwd)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid  # type: ignore[union-attr]
+
+    def execute(self, code: str, timeout: float = 300) -> Result:
+        msg_id = self.kc.execute(code)
+        return self.collect(msg_id, timeout)
+
+    def collect(self, msg_id: str, timeout: float) -> Result:
+        res = Result()
+        deadline = time.time() + timeout
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
+            except queue.Empty:
+                raise TimeoutError(f"cell did not finish in {timeout}s; outputs so far: {res.text[-2000:]}") from None
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            t = msg["msg_type"]
+            if t == "status" and msg["content"]["execution_state"] == "idle":
+                return res
+            if t == "error":
+                res.error = msg["content"]
+            elif t in ("stream", "display_data", "execute_result"):
+                res.outputs.append(msg)
+
+    def execute_in_background(self, code: str, timeout: float = 300) -> tuple[threading.Thread, list[Result]]:
+        box: list[Result] = []
+        msg_id = self.kc.execute(code)
+        th = threading.Thread(target=lambda: box.append(self.collect(msg_id, timeout)), daemon=True)
+        th.start()
+        return th, box
+
+    def shutdown(self) -> None:
+        try:
+            self.kc.stop_channels()
+            self.km.shutdown_kernel(now=True)
+        except Exception:
+            pass
+
+
+def job_processes() -> list[psutil.Process]:
+    """Every process of any tfdist job on this machine (supervisors, tasks, coordinators)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if "tfdist.runtime." in cmd:
+            out.append(p)
+    return out
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.time() + timeout
+    alive = list(pids)
+    while alive and time.time() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    return alive
+
+
+def kernel_env(state_dir: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"TFDIST_STATE_DIR": state_dir, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.update(extra)
+    return env

@@ -1,0 +1,105 @@
+"""Nothing outlives its owner: interrupt, kernel death, worker loss, coordinator errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.kernels import Kernel, job_processes, kernel_env, wait_gone
+from tfdist.backends.local import LocalBackend
+
+pytestmark = pytest.mark.slow
+
+LONG_FIT = "%%tfdist run --name {name}\nhistory = model.fit(train_ds, epochs=400, steps_per_epoch=40)\n"
+
+
+def wait_for_epoch(state_dir: str, name: str, epoch: int, timeout: float = 120):
+    """Watch the job through the same backend API the lab panel uses, until it reaches `epoch`."""
+    backend = LocalBackend(state_dir)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            view = asyncio.run(backend.status(name))
+            if view.epoch >= epoch:
+                return view
+            assert not view.finished, f"job ended early: {view.state} {view.message}"
+        except KeyError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"job {name} did not reach epoch {epoch}")
+
+
+def job_pids(state_dir: str, name: str) -> list[int]:
+    with open(os.path.join(state_dir, name, "supervisor.pid")) as f:
+        sup = psutil.Process(int(f.read()))
+    return [sup.pid] + [c.pid for c in sup.children(recursive=True)]
+
+
+def test_interrupt_mid_fit_ends_every_process(tf_kernel):
+    th, box = tf_kernel.execute_in_background(LONG_FIT.format(name="interrupted"), timeout=300)
+    wait_for_epoch(tf_kernel.state_dir, "interrupted", 1)
+    pids = job_pids(tf_kernel.state_dir, "interrupted")
+    assert len(pids) >= 5  # supervisor + chief + 2 workers + ps
+    t0 = time.time()
+    tf_kernel.km.interrupt_kernel()
+    assert wait_gone(pids, 10) == [], "job processes still alive 10 s after the interrupt"
+    elapsed = time.time() - t0
+    th.join(60)
+    assert box and box[0].error and box[0].error["ename"] == "KeyboardInterrupt"
+    assert "interrupted; all its processes were ended" in box[0].text
+    assert elapsed < 10
+    # the kernel still works, and the notebook's model is untouched and usable
+    r = tf_kernel.execute("print(len(model.get_weights()))", timeout=30)
+    assert r.text.strip() == "4"
+
+
+def test_kernel_killed_mid_fit_leaves_nothing(tmp_path):
+    state = str(tmp_path / "state")
+    k = Kernel(kernel_env(state), cwd=str(tmp_path))
+    try:
+        from tests.conftest import SETUP_CODE
+
+        assert k.execute(SETUP_CODE, timeout=180).error is None
+        k.execute_in_background(LONG_FIT.format(name="orphan-check"), timeout=300)
+        wait_for_epoch(state, "orphan-check", 1)
+        pids = job_pids(state, "orphan-check")
+        os.kill(k.pid, signal.SIGKILL)
+        assert wait_gone(pids, 10) == [], "job processes outlived their kernel by 10 s"
+    finally:
+        k.shutdown()
+
+
+def test_worker_killed_mid_fit_the_fit_completes(tf_kernel):
+    th, box = tf_kernel.execute_in_background(
+        "%%tfdist run --name lose-worker\nhistory = model.fit(train_ds, epochs=12, steps_per_epoch=40)\n",
+        timeout=400,
+    )
+    view = wait_for_epoch(tf_kernel.state_dir, "lose-worker", 2)
+    victim = view.tasks["worker-1"]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    th.join(400)
+    r = box[0]
+    assert r.error is None, r.error_text
+    assert "succeeded" in r.text
+    r = tf_kernel.execute("print(len(history.history['loss']), history.history['loss'][-1] < history.history['loss'][0])")
+    assert r.text.split() == ["12", "True"]
+    logs = asyncio.run(LocalBackend(tf_kernel.state_dir).logs("lose-worker"))
+    assert "worker-1" in logs
+
+
+def test_coordinator_error_shows_the_cells_line_and_cleans_up(tf_kernel):
+    r = tf_kernel.execute(
+        "%%tfdist run --name broken\nn = 3\nhistory = model.fit(train_ds, epochs=1, steps_per_epoch=2)\n"
+        "ratio = n / (n - 3)\n",
+        timeout=300,
+    )
+    err = r.error_text
+    assert r.error and r.error["ename"] == "JobFailed", err
+    assert "ZeroDivisionError" in err
+    assert "cell, line 4" in err and "ratio = n / (n - 3)" in err  # the cell's own line numbering
+    assert not job_processes()

@@ -1,0 +1,148 @@
+"""What a choice becomes on Kubernetes: KubeSpawner's own get_pod_manifest on TfdistKubeSpawner.
+
+No cluster: the spawner is built with named doubles for the hub's user and hub objects and a kubeconfig
+that points nowhere (KubeSpawner loads a config in __init__ but calls no API to build a manifest).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "doubles"))
+from hub_objects import FakeGroup, FakeHub, FakeHubUser  # noqa: E402
+
+from tfdist import settings  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILES = REPO / "hub_config" / "profiles.yaml"
+KUBECONFIG = """
+apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: none, context: {cluster: none, user: none, namespace: jhub}}]
+current-context: none
+"""
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    import kubernetes_asyncio.config.kube_config as kc
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.setattr(kc, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    yield
+
+
+def make_spawner(groups: list[str], **traits: Any) -> Any:
+    from tfdist.spawner.kube import TfdistKubeSpawner
+
+    user = FakeHubUser(name="alice", groups=[FakeGroup(g) for g in groups])
+    sp = TfdistKubeSpawner(
+        user=user,
+        hub=FakeHub(),
+        profiles_file=str(PROFILES),
+        namespace="jhub",
+        service_account="tfdist-notebook",
+        gpu_availability_enabled=False,
+        node_selector={"pool": "notebooks"},
+        tolerations=[{"key": "pool", "operator": "Equal", "value": "notebooks", "effect": "NoSchedule"}],
+        extra_resource_limits={"example.com/fpga": "1"},
+        **traits,
+    )
+    sp.api_token = "secret-token"
+    user.spawners[""] = sp
+    return sp
+
+
+async def _manifest(sp: Any, options: dict[str, Any]) -> dict[str, Any]:
+    from kubernetes_asyncio.client import ApiClient
+
+    sp.user_options = options
+    await sp._run_apply_user_options(options)  # what JupyterHub's User.spawn calls
+    await sp.load_user_options()  # what KubeSpawner._start calls
+    pod = await sp.get_pod_manifest()
+    return ApiClient().sanitize_for_serialization(pod)
+
+
+async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
+    sp = make_spawner(["ml-team"], worker_image="registry.example.org/ml/tfdist-worker:0.1")
+    options = {"profile": "gpu", "cpu": 4, "memory": 32, "gpus": 2, "gpu_model": "h100",
+               "image": "registry.example.org/ml/tf-custom:2.21"}
+    pod = await _manifest(sp, options)
+    spec = pod["spec"]
+    c = spec["containers"][0]
+    assert c["image"] == "registry.example.org/ml/tf-custom:2.21"
+    assert c["resources"]["limits"] == {
+        "cpu": 4.0, "memory": 32 * 2**30, "nvidia.com/gpu": "2", "example.com/fpga": "1",
+    }
+    assert c["resources"]["requests"] == {"cpu": 4.0, "memory": 32 * 2**30, "nvidia.com/gpu": "2"}
+    assert spec["nodeSelector"] == {"pool": "notebooks", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert {"key": "pool", "operator": "Equal", "value": "notebooks", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["serviceAccountName"] == "tfdist-notebook"
+    env = {e["name"]: e for e in c["env"]}
+    assert env[settings.ENV_BACKEND]["value"] == "kubernetes"
+    assert env[settings.ENV_NAMESPACE]["value"] == "jhub"
+    assert env[settings.ENV_WORKER_IMAGE]["value"] == "registry.example.org/ml/tfdist-worker:0.1"
+    assert env[settings.ENV_GPUS]["value"] == "2"
+    assert env[settings.ENV_GPU_MODEL]["value"] == "h100"
+    assert env[settings.ENV_SERVICE_ACCOUNT]["value"] == "tfdist-notebook"
+    assert env[settings.ENV_KUEUE_QUEUE]["value"] == "ml-team"
+    assert env[settings.ENV_USER]["value"] == "alice"
+    assert env[settings.ENV_POD_NAME]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env[settings.ENV_POD_UID]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert "NVIDIA_VISIBLE_DEVICES" not in env
+
+
+async def test_mig_and_limit_factor_and_no_sticky_gpu(kubeconfig: None) -> None:
+    sp = make_spawner(["ml-team"])
+    mig = {"profile": "gpu", "cpu": 2, "memory": 8, "gpus": 1, "gpu_model": "a100-mig-1g",
+           "image": "quay.io/jupyter/tensorflow-notebook:cuda-2026-06-01"}
+    pod = await _manifest(sp, mig)
+    c = pod["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == "1"
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert pod["spec"]["nodeSelector"]["nvidia.com/mig.config"] == "all-1g.10gb"
+    # the same spawner object, next spawn CPU-only: nothing of the GPU choice is left
+    cpu = {"profile": "cpu", "cpu": 1, "memory": 2, "image": "quay.io/jupyter/tensorflow-notebook:2026-06-01"}
+    sp.clear_state()
+    pod = await _manifest(sp, cpu)
+    c = pod["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"cpu": 2.0, "memory": 2 * 2**30, "example.com/fpga": "1"}
+    assert c["resources"]["requests"] == {"cpu": 1.0, "memory": 2 * 2**30}
+    assert pod["spec"]["nodeSelector"] == {"pool": "notebooks"}
+    assert all(t.get("key") != "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"
+    assert env[settings.ENV_GPUS]["value"] == "0"
+
+
+async def test_bad_rest_options_are_400_not_keyerror(kubeconfig: None) -> None:
+    from tornado.web import HTTPError
+
+    sp = make_spawner(["students"])  # not in ml-team
+    for options, text in [
+        ({"profile": "gpu", "cpu": 2, "memory": 8, "gpus": 1, "gpu_model": "h100", "image": "x"}, "not available"),
+        ({"profile": "cpu", "cpu": 1, "memory": 2, "image": "quay.io/other:1"}, "not on the list"),
+        ({"profile": "cpu", "cpu": "4Gi", "memory": 2, "image": "x"}, "CPU must be a number"),
+    ]:
+        sp.user_options = options
+        with pytest.raises(HTTPError) as e:
+            await sp._run_apply_user_options(options)
+        assert e.value.status_code == 400 and text in e.value.jupyterhub_message  # type: ignore[attr-defined]
+
+
+async def test_form_is_ours_not_kubespawners(kubeconfig: None) -> None:
+    sp = make_spawner(["ml-team"])
+    html = await sp.get_options_form()
+    assert 'id="tfdist-form"' in html
+    assert "GPU availability is not known" in html  # availability watch disabled in this test
+    assert 'value="gpu-large"' not in html  # ml-admins only
