@@ -16,3 +16,14 @@ def unload_ipython_extension(ipython):  # pragma: no cover
     from .kernel_magics import unload_ipython_extension as _unload
 
     _unload(ipython)
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    """The jobs panel's server side lives in tfdist.labserver (tornado stays out of the kernel)."""
+    return [{"module": "tfdist.labserver"}]
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    from .labserver import _jupyter_labextension_paths as _paths
+
+    return _paths()

@@ -65,7 +65,9 @@ def parse_visible_devices(value: str | None) -> list[str] | None:
     return [tok.strip() for tok in value.split(",") if tok.strip()]
 
 
-def visible_gpus(inventory: GpuInventory | None = None, environ: dict[str, str] | None = None) -> list[GpuInfo]:
+def visible_gpus(
+    inventory: GpuInventory | None = None, environ: dict[str, str] | None = None
+) -> list[GpuInfo]:
     """The GPUs this server was given: NVML's list narrowed by CUDA_VISIBLE_DEVICES (indices or UUIDs)."""
     env = os.environ if environ is None else environ
     allgpus = (inventory or NvmlInventory()).gpus()

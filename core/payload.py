@@ -54,9 +54,7 @@ def cell_names(source: str, filename: str = "<tfdist cell>") -> CellNames:
 def undefined_names(names: CellNames, namespace: dict[str, Any]) -> list[str]:
     """Names the cell reads that neither it, the notebook nor builtins define."""
     return [
-        n
-        for n in names.reads
-        if n not in namespace and n not in names.binds and not hasattr(builtins, n)
+        n for n in names.reads if n not in namespace and n not in names.binds and not hasattr(builtins, n)
     ]
 
 
@@ -125,7 +123,8 @@ def encode(name: str, value: Any) -> tuple[str, bytes]:
         raise ShippingError(
             name,
             "it is a Keras 3 model, and Keras 3 does not support parameter-server training",
-            "set os.environ['TF_USE_LEGACY_KERAS'] = '1' before importing TensorFlow and build it with tf.keras",
+            "set os.environ['TF_USE_LEGACY_KERAS'] = '1' before importing TensorFlow "
+            "and build it with tf.keras",
         )
     if _is_keras_model(value):
         try:

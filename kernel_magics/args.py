@@ -24,14 +24,24 @@ def run_parser(settings: Settings) -> argparse.ArgumentParser:
     p = _Parser(prog="%%tfdist run", description="Run this cell as a distributed parameter-server job.")
     p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
     p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
-    p.add_argument("--gpus-per-worker", type=int, default=1 if (settings.gpus or 0) > 0 else 0,
-                   help="GPUs for each worker (default 1 when this server has GPUs, else 0)")
-    p.add_argument("--cpu", type=float, default=None, help="CPU cores per task (threads locally, limits on k8s)")
+    p.add_argument(
+        "--gpus-per-worker",
+        type=int,
+        default=1 if (settings.gpus or 0) > 0 else 0,
+        help="GPUs for each worker (default 1 when this server has GPUs, else 0)",
+    )
+    p.add_argument(
+        "--cpu", type=float, default=None, help="CPU cores per task (threads locally, limits on k8s)"
+    )
     p.add_argument("--memory", default=None, help="memory per task, e.g. 2Gi (killed above it)")
-    p.add_argument("--backend", default=settings.backend, help=f"local or kubernetes (default {settings.backend})")
+    p.add_argument(
+        "--backend", default=settings.backend, help=f"local or kubernetes (default {settings.backend})"
+    )
     p.add_argument("--name", default=None, help="job name (default: generated)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for start-up (default 600)")
-    p.add_argument("--base-port", type=int, default=None, help="local: fixed ports from here instead of free ones")
+    p.add_argument(
+        "--base-port", type=int, default=None, help="local: fixed ports from here instead of free ones"
+    )
     return p
 
 

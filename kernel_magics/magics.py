@@ -82,7 +82,9 @@ class TfdistMagics(Magics):
         sub, rest = words[0], words[1:]
         if sub == "run":
             if cell is None:
-                raise UsageError("run is a cell magic: put %%tfdist run on the first line of the cell\n" + USAGE)
+                raise UsageError(
+                    "run is a cell magic: put %%tfdist run on the first line of the cell\n" + USAGE
+                )
             return self.run(rest, cell)
         handlers = {"list": self.list, "status": self.status, "logs": self.logs, "stop": self.stop}
         if sub not in handlers:
@@ -97,12 +99,16 @@ class TfdistMagics(Magics):
         opts = margs.run_parser(self.settings).parse_args(argv)
         _require_tensorflow()
         if not cell.strip():
-            raise UsageError("the %%tfdist run cell is empty: put the training code in it, e.g. "
-                             "history = model.fit(train_ds, epochs=5)")
+            raise UsageError(
+                "the %%tfdist run cell is empty: put the training code in it, e.g. "
+                "history = model.fit(train_ds, epochs=5)"
+            )
         source = self.shell.transform_cell(cell)
         if "get_ipython()" in source:
-            raise UsageError("IPython magics and shell escapes (%, !) cannot run on the job's coordinator: "
-                             "move them to another cell")
+            raise UsageError(
+                "IPython magics and shell escapes (%, !) cannot run on the job's coordinator: "
+                "move them to another cell"
+            )
         try:
             names = payload.cell_names(source)
         except SyntaxError as exc:
@@ -218,8 +224,10 @@ class TfdistMagics(Magics):
             if data is None:
                 raise JobFailed(f"job {view.name} finished but sent no results back", job=view.name)
             res = payload.apply_results(data, self.shell.user_ns)
-            parts = [f"weights of {', '.join(res.weights)} updated" if res.weights else "",
-                     f"set {', '.join(res.values)}" if res.values else ""]
+            parts = [
+                f"weights of {', '.join(res.weights)} updated" if res.weights else "",
+                f"set {', '.join(res.values)}" if res.values else "",
+            ]
             print(f"tfdist: job {view.name} succeeded; " + "; ".join(p for p in parts if p))
             for name, why in res.skipped.items():
                 print(f"tfdist: {name!r} did not come back: {why}")
@@ -262,8 +270,11 @@ class TfdistMagics(Magics):
             return
         print(f"{'name':24} {'backend':10} {'state':10} {'tasks':7} {'epoch':7} message")
         for r in rows:
-            print(f"{r['name']:24} {r['backend']:10} {r['state']:10} "
-                  f"{r['tasks_started']}/{r['tasks_total']:<5} {r['epoch']}/{r['epochs'] or '?':<5} {r['message']}")
+            print(
+                f"{r['name']:24} {r['backend']:10} {r['state']:10} "
+                f"{r['tasks_started']}/{r['tasks_total']:<5} "
+                f"{r['epoch']}/{r['epochs'] or '?':<5} {r['message']}"
+            )
 
     def status(self, argv: list[str]) -> None:
         opts = margs.name_parser("status").parse_args(argv)
@@ -271,9 +282,14 @@ class TfdistMagics(Magics):
         view = self.portal.call(b.status(opts.name), timeout=30)
         s = view.summary()
         print(f"{s['name']} ({s['backend']}): {s['state']} - {s['message']}")
-        print(f"tasks started {s['tasks_started']}/{s['tasks_total']}, epoch {s['epoch']}/{s['epochs'] or '?'}")
+        print(
+            f"tasks started {s['tasks_started']}/{s['tasks_total']}, epoch {s['epoch']}/{s['epochs'] or '?'}"
+        )
         for t, rec in sorted(view.tasks.items()):
-            print(f"  {t:10} {rec.get('state', ''):10} restarts={rec.get('restarts', 0)} gpus={rec.get('gpus') or '-'}")
+            print(
+                f"  {t:10} {rec.get('state', ''):10} restarts={rec.get('restarts', 0)} "
+                f"gpus={rec.get('gpus') or '-'}"
+            )
         if view.epoch_logs:
             print("last epoch:", {k: v for k, v in view.epoch_logs[-1].items() if k != "t"})
 

@@ -117,8 +117,9 @@ class WidgetMonitor:
 
         self._bq = bq
         self.header = w.HTML(header_html(view))
-        self.startup = w.IntProgress(value=0, min=0, max=max(1, view.total_tasks - 1),
-                                     description="tasks", bar_style="info")
+        self.startup = w.IntProgress(
+            value=0, min=0, max=max(1, view.total_tasks - 1), description="tasks", bar_style="info"
+        )
         self.startup_label = w.Label("")
         self.epochs = w.IntProgress(value=0, min=0, max=1, description="epochs")
         self.epochs_label = w.Label("")
@@ -173,15 +174,20 @@ class WidgetMonitor:
     def refresh(self, view: JobView) -> None:
         self.header.value = header_html(view)
         servers = max(1, view.total_tasks - 1)
-        started = sum(1 for n, t in view.tasks.items() if n != "chief-0" and t.get("state") in
-                      ("running", "exited", "restarting"))
+        started = sum(
+            1
+            for n, t in view.tasks.items()
+            if n != "chief-0" and t.get("state") in ("running", "exited", "restarting")
+        )
         self.startup.max, self.startup.value = servers, min(started, servers)
         self.startup_label.value = f"{started}/{servers} servers started"
         if view.epochs:
             self.epochs.max = view.epochs
             self.epochs.value = min(view.epoch, view.epochs)
         last = view.epoch_logs[-1] if view.epoch_logs else {}
-        metrics = ", ".join(f"{k}={v:.4g}" for k, v in last.items() if k not in ("epoch", "t") and v is not None)
+        metrics = ", ".join(
+            f"{k}={v:.4g}" for k, v in last.items() if k not in ("epoch", "t") and v is not None
+        )
         self.epochs_label.value = f"{view.epoch}/{view.epochs or '?'} {view.phase} {metrics}"
         self._set_lines(self.figs["curves"], _epoch_series(view))
         self._set_lines(self.figs["cpu"], _series(view, "cpu (%)"))
@@ -211,7 +217,10 @@ def static_png(view: JobView) -> bytes:
     ]
     gpu = _gpu_series(view, "util (%)")
     if gpu:
-        panels += [("GPU utilization (%)", "s", gpu), ("GPU memory (MiB)", "s", _gpu_series(view, "mem_used (MiB)"))]
+        panels += [
+            ("GPU utilization (%)", "s", gpu),
+            ("GPU memory (MiB)", "s", _gpu_series(view, "mem_used (MiB)")),
+        ]
     fig = Figure(figsize=(4 * len(panels), 3.2), dpi=80)
     for i, (title, xlabel, series) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)

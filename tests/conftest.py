@@ -39,8 +39,9 @@ def no_job_left_behind():
     deadline = time.time() + 15
     left = []
     while time.time() < deadline:
-        left = [p for p in job_processes() if p.pid not in before and p.is_running()
-                and p.status() != "zombie"]
+        left = [
+            p for p in job_processes() if p.pid not in before and p.is_running() and p.status() != "zombie"
+        ]
         if not left:
             break
         time.sleep(0.2)
@@ -64,3 +65,6 @@ def make_model():
     return m
 model = make_model()
 """
+
+
+from tests.k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: E402, F401

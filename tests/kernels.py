@@ -72,7 +72,9 @@ class Kernel:
             try:
                 msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.time()))
             except queue.Empty:
-                raise TimeoutError(f"cell did not finish in {timeout}s; outputs so far: {res.text[-2000:]}") from None
+                raise TimeoutError(
+                    f"cell did not finish in {timeout}s; outputs so far: {res.text[-2000:]}"
+                ) from None
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             t = msg["msg_type"]
@@ -86,7 +88,14 @@ class Kernel:
     def execute_in_background(self, code: str, timeout: float = 300) -> tuple[threading.Thread, list[Result]]:
         box: list[Result] = []
         msg_id = self.kc.execute(code)
-        th = threading.Thread(target=lambda: box.append(self.collect(msg_id, timeout)), daemon=True)
+
+        def run() -> None:
+            try:
+                box.append(self.collect(msg_id, timeout))
+            except Exception:  # the kernel may be killed on purpose mid-cell
+                pass
+
+        th = threading.Thread(target=run, daemon=True)
         th.start()
         return th, box
 
@@ -112,7 +121,9 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
     deadline = time.time() + timeout
     alive = list(pids)
     while alive and time.time() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         time.sleep(0.1)
     return alive
 

@@ -198,8 +198,6 @@ class ControlPlane:
     ``token`` (admin bearer token, group system:masters), ``ca_file``, ``workdir``, ``start_seconds``.
     """
 
-    ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-
     def __init__(self, bin_dir: str | os.PathLike | None = None, kwok_dir: str | os.PathLike | None = None):
         self.bin_dir = Path(bin_dir) if bin_dir else find_bin_dir()
         self.kwok_dir = Path(kwok_dir) if kwok_dir else KWOK_DIR
@@ -257,9 +255,13 @@ class ControlPlane:
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
 
-    def restart_apiserver(self, timeout: float = 90.0, down_seconds: float = 0.0) -> float:
-        """Kill kube-apiserver and start it again on the same port; returns seconds until /readyz is ok."""
-        self._kill("kube-apiserver")
+    def restart_apiserver(
+        self, timeout: float = 90.0, down_seconds: float = 0.0, hard: bool = False
+    ) -> float:
+        """Stop kube-apiserver (SIGTERM, or SIGKILL with ``hard``), keep it down ``down_seconds``, start it
+        again with the same flags and port; returns the seconds from restart to /readyz ok (~5 s).
+        etcd keeps the state; the other components and kwok reconnect by themselves."""
+        self._kill("kube-apiserver", grace=0.0 if hard else 5.0)
         if down_seconds:
             time.sleep(down_seconds)
         t0 = time.monotonic()
@@ -398,9 +400,24 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ internals
 
+    @staticmethod
+    def _sweep_stale_workdirs() -> None:
+        """Remove temp dirs of planes whose test process died without stop() (e.g. SIGKILL; PDEATHSIG
+        already killed their processes)."""
+        for old in Path(tempfile.gettempdir()).glob("tfdist-k8s-*"):
+            try:
+                pid = int((old / "owner.pid").read_text())
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                shutil.rmtree(old, ignore_errors=True)
+            except (OSError, ValueError):
+                pass  # no/garbled pid file, or not ours to judge
+
     def _prepare(self) -> None:
+        self._sweep_stale_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix="tfdist-k8s-"))
         d = self.workdir
+        (d / "owner.pid").write_text(str(os.getpid()))
         pki = d / "pki"
         _write_pki(pki)
         self.ca_file = str(pki / "ca.crt")
@@ -537,9 +554,9 @@ class ControlPlane:
         if proc is None or proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
         try:
-            proc.wait(timeout=grace)
+            proc.wait(timeout=grace if grace > 0 else 10)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)

@@ -95,7 +95,7 @@ def test_form_in_chromium(hub: RunningHub) -> None:
             page.wait_for_url("**/user/frank/**", timeout=120_000)
             # the server opens the example notebook (default_url), copied into the user's folder
             assert "examples/digits.ipynb" in page.url
-            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", state="visible", timeout=120_000)
             expect(page.get_by_role("tab", name="digits.ipynb")).to_be_visible()
             page.screenshot(path=str(ARTIFACTS / "server-started.png"))
         finally:

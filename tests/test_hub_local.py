@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.hub_fixtures import RunningHub, error_text, hub_env, start_hub, write_config
 
 PROFILES = r"""
@@ -108,8 +109,18 @@ BAD_INPUT = [
         _with(GPU, image="registry.example.org/team/tf:2.21\nevil.example.com/x:1"),
         "does not fully match",
     ),
-    ("image-trailing-newline", "alice", _with(GPU, image="registry.example.org/team/tf:2.21\n"), "does not fully"),
-    ("image-custom-not-allowed", "alice", _with(CPU, image="registry.example.org/team/tf:1"), "allows no other"),
+    (
+        "image-trailing-newline",
+        "alice",
+        _with(GPU, image="registry.example.org/team/tf:2.21\n"),
+        "does not fully",
+    ),
+    (
+        "image-custom-not-allowed",
+        "alice",
+        _with(CPU, image="registry.example.org/team/tf:1"),
+        "allows no other",
+    ),
     ("html-in-profile", "alice", _with(GPU, profile="<script>alert(1)</script>"), "No such profile"),
     ("html-in-image", "alice", _with(GPU, image="<img src=x onerror=alert(1)>"), "does not fully match"),
     ("html-in-cpu", "alice", _with(GPU, cpu="<b>2</b>"), "CPU must be a number"),
@@ -188,7 +199,9 @@ def test_form_lists_only_allowed_profiles_and_free_gpus(hub: RunningHub) -> None
 
 
 @pytest.mark.parametrize(("case", "user", "options", "expected"), BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
-def test_bad_input_by_form(hub: RunningHub, case: str, user: str, options: dict[str, Any], expected: str) -> None:
+def test_bad_input_by_form(
+    hub: RunningHub, case: str, user: str, options: dict[str, Any], expected: str
+) -> None:
     r = hub.post_form(user, options)
     assert r.status_code == 400, (case, r.status_code, r.text[:300])
     assert expected in error_text(r), error_text(r)
@@ -199,7 +212,9 @@ def test_bad_input_by_form(hub: RunningHub, case: str, user: str, options: dict[
 
 
 @pytest.mark.parametrize(("case", "user", "options", "expected"), BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
-def test_bad_input_by_rest(hub: RunningHub, case: str, user: str, options: dict[str, Any], expected: str) -> None:
+def test_bad_input_by_rest(
+    hub: RunningHub, case: str, user: str, options: dict[str, Any], expected: str
+) -> None:
     r = hub.api("POST", f"/users/{user}/server", json={"user_options": as_json(options)})
     assert r.status_code == 400, (case, r.status_code, r.text[:300])
     assert expected in r.json()["message"]
@@ -216,7 +231,9 @@ def test_bad_json_types_by_rest(hub: RunningHub, case: str, options: dict[str, A
     assert hub.servers("alice") == {}
 
 
-@pytest.mark.parametrize("body", [[1, 2], "gpu", {"user_options": ["profile"]}], ids=["list", "string", "opts-list"])
+@pytest.mark.parametrize(
+    "body", [[1, 2], "gpu", {"user_options": ["profile"]}], ids=["list", "string", "opts-list"]
+)
 def test_malformed_rest_body_is_400(hub: RunningHub, body: Any) -> None:
     r = hub.api("POST", "/users/alice/server", data=json.dumps(body))
     assert r.status_code == 400
@@ -231,7 +248,9 @@ def test_start_reach_and_remember(hub: RunningHub) -> None:
     s = hub.session("dave")
     lab = s.get(f"{hub.url}/user/dave/lab", timeout=60)
     assert lab.status_code == 200 and "JupyterLab" in lab.text
-    status = s.get(f"{hub.url}/user/dave/api/status", headers={"Authorization": f"token {hub.token}"}, timeout=30)
+    status = s.get(
+        f"{hub.url}/user/dave/api/status", headers={"Authorization": f"token {hub.token}"}, timeout=30
+    )
     assert status.status_code == 200
     pid = hub.server_pid("dave")
     env = _env_of(pid)
@@ -290,7 +309,8 @@ def test_broken_profiles_file_stops_the_hub(tmp_path: Path) -> None:
     profiles = tmp_path / "profiles.yaml"
     profiles.write_text(
         "profiles:\n  - slug: gpu\n    display_name: GPU\n    groups: ['*']\n"
-        "    cpu: {min: 4, max: 2, default: 3}\n    memory_gib: {min: 1, max: 2, default: 1}\n    images: [x]\n"
+        "    cpu: {min: 4, max: 2, default: 3}\n"
+        "    memory_gib: {min: 1, max: 2, default: 1}\n    images: [x]\n"
     )
     cfg = write_config(
         tmp_path, port=0, password="p" * 12, token="t" * 32, profiles=profiles, fake_gpus=None, groups={}
@@ -305,3 +325,23 @@ def test_broken_profiles_file_stops_the_hub(tmp_path: Path) -> None:
     )
     assert res.returncode == 2, res.stderr[-2000:]
     assert f"{profiles}: profiles[0] (gpu).cpu: min (4) is above max (2)" in res.stderr
+
+
+def test_bad_input_by_spawn_url_query(hub: RunningHub) -> None:
+    """``/hub/spawn?opt-...`` (links that pre-fill a spawn) goes through the same validation."""
+    s = hub.session("alice")
+    r = s.get(
+        f"{hub.url}/hub/spawn/alice",
+        params={
+            "opt-profile": "gpu",
+            "opt-cpu": "2",
+            "opt-memory": "4Gi",
+            "opt-gpus": "1",
+            "opt-gpu_model": "h100",
+            "opt-image": "local",
+        },
+        timeout=30,
+    )
+    assert r.status_code == 400
+    assert "Write the number only" in error_text(r)
+    assert hub.servers("alice") == {}

@@ -32,7 +32,9 @@ def test_tf_config_refuses_clusters_that_cannot_train():
     with pytest.raises(ValueError, match="ps"):
         tf_config.cluster({"chief": ["a:1"], "worker": ["b:1"]})
     with pytest.raises(ValueError, match="not in the cluster"):
-        tf_config.tf_config(tf_config.cluster({"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}), "worker-3")
+        tf_config.tf_config(
+            tf_config.cluster({"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}), "worker-3"
+        )
 
 
 @pytest.mark.parametrize(
@@ -63,8 +65,10 @@ def test_gpu_request_that_fits_passes():
     assert split_gpus(["0", "3"], s.workers, s.gpus_per_worker) == [["0"], ["3"]]
 
 
-@pytest.mark.parametrize(("text", "value"), [("512Mi", 512 * 2**20), ("2G", 2 * 10**9), ("1.5Gi", int(1.5 * 2**30)),
-                                             ("134217728", 134217728)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("512Mi", 512 * 2**20), ("2G", 2 * 10**9), ("1.5Gi", int(1.5 * 2**30)), ("134217728", 134217728)],
+)
 def test_memory_quantities(text, value):
     assert parse_memory(text) == value
 

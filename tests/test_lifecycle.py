@@ -86,7 +86,9 @@ def test_worker_killed_mid_fit_the_fit_completes(tf_kernel):
     r = box[0]
     assert r.error is None, r.error_text
     assert "succeeded" in r.text
-    r = tf_kernel.execute("print(len(history.history['loss']), history.history['loss'][-1] < history.history['loss'][0])")
+    r = tf_kernel.execute(
+        "print(len(history.history['loss']), history.history['loss'][-1] < history.history['loss'][0])"
+    )
     assert r.text.split() == ["12", "True"]
     logs = asyncio.run(LocalBackend(tf_kernel.state_dir).logs("lose-worker"))
     assert "worker-1" in logs

@@ -37,7 +37,10 @@ CASES = [
     ("%%tfdist run\n", "cell body is empty"),
     ("%%tfdist run\n   \n\n", "the %%tfdist run cell is empty"),
     ("%%tfdist run\nx = 1\nhistory = model.fit(train_ds,\n", "SyntaxError in the cell, line 3"),
-    ("%%tfdist run\nhistory = model.fit(undefined_ds, epochs=1)", "name 'undefined_ds' is used in the cell but not defined"),
+    (
+        "%%tfdist run\nhistory = model.fit(undefined_ds, epochs=1)",
+        "name 'undefined_ds' is used in the cell but not defined",
+    ),
     ("%%tfdist run\n!ls\n" + FIT, "magics and shell escapes"),
     ("%%tfdist launch\n" + FIT, "unknown %tfdist command 'launch'"),
     ("%tfdist run --workers 2", "run is a cell magic"),
@@ -70,7 +73,8 @@ def test_unpicklable_variable_is_named(tf_kernel):
 
 def test_keras3_model_is_refused_with_the_fix(tf_kernel):
     r = tf_kernel.execute(
-        "import keras as _k3\nk3model = _k3.Sequential([_k3.layers.Input((4,)), _k3.layers.Dense(1)])\n", timeout=60
+        "import keras as _k3\nk3model = _k3.Sequential([_k3.layers.Input((4,)), _k3.layers.Dense(1)])\n",
+        timeout=60,
     )
     assert r.error is None, r.error_text
     r = tf_kernel.execute("%%tfdist run\nk3model.fit(train_ds, epochs=1, steps_per_epoch=1)", timeout=60)
@@ -81,7 +85,8 @@ def test_keras3_model_is_refused_with_the_fix(tf_kernel):
 def test_tensorflow_missing_from_the_kernel(tf_kernel):
     r = tf_kernel.execute(
         "import sys\n_saved = sys.modules.pop('tensorflow'), sys.modules.pop('tf_keras')\n"
-        "sys.modules['tensorflow'] = None\nsys.modules['tf_keras'] = None\n", timeout=30
+        "sys.modules['tensorflow'] = None\nsys.modules['tf_keras'] = None\n",
+        timeout=30,
     )
     assert r.error is None, r.error_text
     try:
@@ -101,7 +106,8 @@ def test_port_already_in_use(tf_kernel, monkeypatch):
         port = s.getsockname()[1]
         r = tf_kernel.execute(
             "os.environ['TFDIST_ISOLATION'] = 'none'\n"
-            "from tfdist.kernel_magics import _magics\n_magics._backends.clear()\n", timeout=30
+            "from tfdist.kernel_magics import _magics\n_magics._backends.clear()\n",
+            timeout=30,
         )
         assert r.error is None, r.error_text
         try:

@@ -21,7 +21,9 @@ def test_example_notebook_trains_and_returns_weights(examples_dir, tmp_path):
     nb = nbformat.read(nb_path, as_version=4)
     state = tmp_path / "state"
     os.environ.update({k: v for k, v in kernel_env(str(state)).items() if k.startswith("TF")})
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
 
     run_cell = next(c for c in nb.cells if c.source.startswith("%%tfdist run"))
@@ -32,7 +34,9 @@ def test_example_notebook_trains_and_returns_weights(examples_dir, tmp_path):
     assert "succeeded; weights of model updated; set history, final_loss" in text
 
     check = "".join(o.get("text", "") for o in nb.cells[4].outputs)
-    m = re.search(r"weights changed: (\w+); test accuracy ([0-9.]+) -> ([0-9.]+); loss by epoch: \[(.*)\]", check)
+    m = re.search(
+        r"weights changed: (\w+); test accuracy ([0-9.]+) -> ([0-9.]+); loss by epoch: \[(.*)\]", check
+    )
     assert m, check
     assert m.group(1) == "True"
     before, after = float(m.group(2)), float(m.group(3))

@@ -89,7 +89,9 @@ def test_results_put_weights_into_the_same_model_object_and_rebuild_history():
     hist = tf.keras.callbacks.History()
     hist.set_model(trained)
     hist.history, hist.epoch, hist.params = {"loss": [2.0, 1.0]}, [0, 1], {"epochs": 2}
-    blob = payload.pack_results({"model": trained, "history": hist, "n": 3}, ["history", "n"], {"model": trained})
+    blob = payload.pack_results(
+        {"model": trained, "history": hist, "n": 3}, ["history", "n"], {"model": trained}
+    )
     ns = {"model": m}
     res = payload.apply_results(blob, ns)
     assert ns["model"] is m

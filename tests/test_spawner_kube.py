@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "doubles"))
-from hub_objects import FakeGroup, FakeHub, FakeHubUser  # noqa: E402
-
-from tfdist import settings  # noqa: E402
+from hub_objects import FakeGroup, FakeHub, FakeHubUser
+from tfdist import settings
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "hub_config" / "profiles.yaml"
@@ -74,19 +73,30 @@ async def _manifest(sp: Any, options: dict[str, Any]) -> dict[str, Any]:
 
 async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
     sp = make_spawner(["ml-team"], worker_image="registry.example.org/ml/tfdist-worker:0.1")
-    options = {"profile": "gpu", "cpu": 4, "memory": 32, "gpus": 2, "gpu_model": "h100",
-               "image": "registry.example.org/ml/tf-custom:2.21"}
+    options = {
+        "profile": "gpu",
+        "cpu": 4,
+        "memory": 32,
+        "gpus": 2,
+        "gpu_model": "h100",
+        "image": "registry.example.org/ml/tf-custom:2.21",
+    }
     pod = await _manifest(sp, options)
     spec = pod["spec"]
     c = spec["containers"][0]
     assert c["image"] == "registry.example.org/ml/tf-custom:2.21"
     assert c["resources"]["limits"] == {
-        "cpu": 4.0, "memory": 32 * 2**30, "nvidia.com/gpu": "2", "example.com/fpga": "1",
+        "cpu": 4.0,
+        "memory": 32 * 2**30,
+        "nvidia.com/gpu": "2",
+        "example.com/fpga": "1",
     }
     assert c["resources"]["requests"] == {"cpu": 4.0, "memory": 32 * 2**30, "nvidia.com/gpu": "2"}
     assert spec["nodeSelector"] == {"pool": "notebooks", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    assert {"key": "pool", "operator": "Equal", "value": "notebooks", "effect": "NoSchedule"} in spec["tolerations"]
+    assert {"key": "pool", "operator": "Equal", "value": "notebooks", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
     assert spec["serviceAccountName"] == "tfdist-notebook"
     env = {e["name"]: e for e in c["env"]}
     assert env[settings.ENV_BACKEND]["value"] == "kubernetes"
@@ -104,8 +114,14 @@ async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
 
 async def test_mig_and_limit_factor_and_no_sticky_gpu(kubeconfig: None) -> None:
     sp = make_spawner(["ml-team"])
-    mig = {"profile": "gpu", "cpu": 2, "memory": 8, "gpus": 1, "gpu_model": "a100-mig-1g",
-           "image": "quay.io/jupyter/tensorflow-notebook:cuda-2026-06-01"}
+    mig = {
+        "profile": "gpu",
+        "cpu": 2,
+        "memory": 8,
+        "gpus": 1,
+        "gpu_model": "a100-mig-1g",
+        "image": "quay.io/jupyter/tensorflow-notebook:cuda-2026-06-01",
+    }
     pod = await _manifest(sp, mig)
     c = pod["spec"]["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == "1"
@@ -130,7 +146,10 @@ async def test_bad_rest_options_are_400_not_keyerror(kubeconfig: None) -> None:
 
     sp = make_spawner(["students"])  # not in ml-team
     for options, text in [
-        ({"profile": "gpu", "cpu": 2, "memory": 8, "gpus": 1, "gpu_model": "h100", "image": "x"}, "not available"),
+        (
+            {"profile": "gpu", "cpu": 2, "memory": 8, "gpus": 1, "gpu_model": "h100", "image": "x"},
+            "not available",
+        ),
         ({"profile": "cpu", "cpu": 1, "memory": 2, "image": "quay.io/other:1"}, "not on the list"),
         ({"profile": "cpu", "cpu": "4Gi", "memory": 2, "image": "x"}, "CPU must be a number"),
     ]:

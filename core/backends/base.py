@@ -56,5 +56,5 @@ class Backend(abc.ABC):
     async def fetch_result(self, name: str) -> bytes | None:
         """The coordinator's results bundle, once; None if the job produced none."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release what this backend object holds (connections); running jobs are not touched."""

@@ -105,8 +105,15 @@ class LocalBackend(Backend):
         with open(os.path.join(d, "payload.bin"), "wb") as f:
             f.write(payload)
         with open(os.path.join(d, "state.json"), "w") as f:  # until the supervisor writes its own
-            json.dump({"state": "pending", "message": "launching", "created": time.time(),
-                       "tasks_total": spec.task_count}, f)
+            json.dump(
+                {
+                    "state": "pending",
+                    "message": "launching",
+                    "created": time.time(),
+                    "tasks_total": spec.task_count,
+                },
+                f,
+            )
         env = dict(os.environ)
         env["TFDIST_NETNS"] = "1" if prefix else "0"
         env["PYTHONUNBUFFERED"] = "1"
@@ -132,7 +139,9 @@ class LocalBackend(Backend):
                     raise JobFailed(view.error.get("message") or view.message, job=spec.name)
                 with open(os.path.join(d, "supervisor.log"), errors="replace") as f:
                     tail = f.read()[-2000:]
-                raise BackendUnavailable(f"the job's supervisor exited at start (code {proc.returncode}):\n{tail}")
+                raise BackendUnavailable(
+                    f"the job's supervisor exited at start (code {proc.returncode}):\n{tail}"
+                )
             if time.time() > deadline:
                 self._kill(proc)
                 raise BackendUnavailable("the job's supervisor did not come up within 60 s")

@@ -90,7 +90,7 @@ def cell_traceback(exc: BaseException) -> str:
         if fr.filename == CELL_FILENAME and 0 < fr.lineno <= len(source):
             line = source[fr.lineno - 1].strip()
         where = "cell" if fr.filename == CELL_FILENAME else fr.filename
-        lines.append(f'  {where}, line {fr.lineno}, in {fr.name}\n' + (f"    {line}\n" if line else ""))
+        lines.append(f"  {where}, line {fr.lineno}, in {fr.name}\n" + (f"    {line}\n" if line else ""))
     lines.extend(traceback.format_exception_only(type(exc), exc))
     return "".join(lines)
 

@@ -163,11 +163,17 @@ class Supervisor:
             cwd=self.launch.get("cwd") or self.jobdir,
         )
         task.reader = asyncio.ensure_future(self._read_log(task, task.proc))
-        self.sampler.track(
-            TaskProcess(task.name, task.proc.pid, [int(g) for g in task.gpus if g.isdigit()])
+        self.sampler.track(TaskProcess(task.name, task.proc.pid, [int(g) for g in task.gpus if g.isdigit()]))
+        self.emit(
+            {
+                "type": "task",
+                "task": task.name,
+                "state": "starting",
+                "pid": task.proc.pid,
+                "restarts": task.restarts,
+                "gpus": task.gpus,
+            }
         )
-        self.emit({"type": "task", "task": task.name, "state": "starting", "pid": task.proc.pid,
-                   "restarts": task.restarts, "gpus": task.gpus})
 
     async def _read_log(self, task: Task, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -182,9 +188,12 @@ class Supervisor:
         while True:
             if task.proc is not None and task.proc.returncode is not None:
                 await asyncio.sleep(0.2)
-                tail = "\n".join(line for t, line in list(self.view.logs) + self.pending_logs if t == task.name)
-                raise StartupError(f"{task.name} exited with code {task.proc.returncode} while starting:\n"
-                                   + tail[-1500:])
+                tail = "\n".join(
+                    line for t, line in list(self.view.logs) + self.pending_logs if t == task.name
+                )
+                raise StartupError(
+                    f"{task.name} exited with code {task.proc.returncode} while starting:\n" + tail[-1500:]
+                )
             try:
                 _, w = await asyncio.open_connection("127.0.0.1", task.port)
                 w.close()
@@ -193,7 +202,9 @@ class Supervisor:
             except OSError:
                 pass
             if time.time() > deadline:
-                raise StartupError(f"{task.name} did not start listening within --timeout {self.spec.timeout_s:g}s")
+                raise StartupError(
+                    f"{task.name} did not start listening within --timeout {self.spec.timeout_s:g}s"
+                )
             await asyncio.sleep(0.1)
 
     def _base_env(self) -> dict[str, str]:
@@ -204,9 +215,14 @@ class Supervisor:
         env.update({"GRPC_FAIL_FAST": "use_caller", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"})
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if self.spec.cpu:
-            threads = str(max(1, int(round(self.spec.cpu))))
-            env.update({"TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": threads,
-                        "OMP_NUM_THREADS": threads})
+            threads = str(max(1, round(self.spec.cpu)))
+            env.update(
+                {
+                    "TF_NUM_INTRAOP_THREADS": threads,
+                    "TF_NUM_INTEROP_THREADS": threads,
+                    "OMP_NUM_THREADS": threads,
+                }
+            )
         return env
 
     def build_tasks(self) -> None:
@@ -249,9 +265,18 @@ class Supervisor:
         for name, rec in sample["tasks"].items():
             rss = rec.get("rss (MiB)")
             task = self.tasks.get(name)
-            if rss is not None and rss * 2**20 > limit and task and task.proc and task.proc.returncode is None:
+            if (
+                rss is not None
+                and rss * 2**20 > limit
+                and task
+                and task.proc
+                and task.proc.returncode is None
+            ):
                 self.pending_logs.append(
-                    (name, f"tfdist: {name} uses {rss:.0f} MiB, over --memory {limit / 2**20:.0f} MiB: killed")
+                    (
+                        name,
+                        f"tfdist: {name} uses {rss:.0f} MiB, over --memory {limit / 2**20:.0f} MiB: killed",
+                    )
                 )
                 with contextlib.suppress(ProcessLookupError):
                     task.proc.kill()
@@ -276,17 +301,34 @@ class Supervisor:
                 self.sampler.forget(task.name)
                 if task.name.startswith("worker") and task.restarts < MAX_WORKER_RESTARTS:
                     task.restarts += 1
-                    self.pending_logs.append((task.name, f"tfdist: {task.name} exited with code {code}; "
-                                              f"restarting ({task.restarts}/{MAX_WORKER_RESTARTS})"))
-                    self.emit({"type": "task", "task": task.name, "state": "restarting", "exit_code": code,
-                               "restarts": task.restarts})
+                    self.pending_logs.append(
+                        (
+                            task.name,
+                            f"tfdist: {task.name} exited with code {code}; "
+                            f"restarting ({task.restarts}/{MAX_WORKER_RESTARTS})",
+                        )
+                    )
+                    self.emit(
+                        {
+                            "type": "task",
+                            "task": task.name,
+                            "state": "restarting",
+                            "exit_code": code,
+                            "restarts": task.restarts,
+                        }
+                    )
                     await self._spawn(task, "tfdist.runtime.task")
                 else:
                     self.emit({"type": "task", "task": task.name, "state": "failed", "exit_code": code})
                     task.proc = None
                     if task.name.startswith("ps"):
-                        self.pending_logs.append((task.name, f"tfdist: parameter server {task.name} died "
-                                                  f"(code {code}); the fit cannot go on without it"))
+                        self.pending_logs.append(
+                            (
+                                task.name,
+                                f"tfdist: parameter server {task.name} died "
+                                f"(code {code}); the fit cannot go on without it",
+                            )
+                        )
 
     async def _coordinator_events(self, fd: int) -> None:
         loop = asyncio.get_running_loop()
@@ -314,11 +356,17 @@ class Supervisor:
         try:
             outcome = await self._run_job()
         except StartupError as exc:
-            outcome = ("failed", str(exc).splitlines()[0], {"type": "StartupError", "message": str(exc),
-                                                            "traceback": ""})
+            outcome = (
+                "failed",
+                str(exc).splitlines()[0],
+                {"type": "StartupError", "message": str(exc), "traceback": ""},
+            )
         except Exception as exc:  # a bug of ours: still clean up and say so
-            outcome = ("failed", f"supervisor error: {exc}", {"type": type(exc).__name__, "message": str(exc),
-                                                              "traceback": ""})
+            outcome = (
+                "failed",
+                f"supervisor error: {exc}",
+                {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
+            )
         await self._teardown()
         if self.pending_logs:
             lines, self.pending_logs = self.pending_logs, []
@@ -347,34 +395,47 @@ class Supervisor:
         servers = [t for n, t in self.tasks.items() if n != "chief-0"]
         for t in servers:
             await self._spawn(t, "tfdist.runtime.task")
-        starting = asyncio.ensure_future(asyncio.gather(*(self._wait_listening(t, deadline) for t in servers)))
-        done, _ = await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if stop_wait in done:
-            starting.cancel()
-            return ("stopped", self.stop_reason or "stopped", None)
-        starting.result()  # raises StartupError
-        watcher = asyncio.ensure_future(self._watch_servers())
+        # The coordinator starts at once, not after the servers: importing TensorFlow takes seconds and
+        # overlaps with theirs; TF's own connect retries wait for servers that are still coming up.
         chief = self.tasks["chief-0"]
         r, w = os.pipe()
         chief.env = chief.env | {"TFDIST_EVENTS_FD": str(w)}
         await self._spawn(chief, "tfdist.runtime.coordinator", extra_fds=(w,))
         os.close(w)
         ev_reader = asyncio.ensure_future(self._coordinator_events(r))
-        self.emit({"type": "task", "task": "chief-0", "state": "running"})
-        self.emit({"type": "state", "state": "running", "message": "training"})
         assert chief.proc is not None
         chief_wait = asyncio.ensure_future(chief.proc.wait())
-        done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        watcher.cancel()
-        if chief_wait not in done:
+        starting = asyncio.ensure_future(
+            asyncio.gather(*(self._wait_listening(t, deadline) for t in servers))
+        )
+        done, _ = await asyncio.wait({starting, stop_wait, chief_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if stop_wait in done:
+            starting.cancel()
             return ("stopped", self.stop_reason or "stopped", None)
+        if starting in done:
+            starting.result()  # raises StartupError
+            self.emit({"type": "task", "task": "chief-0", "state": "running"})
+            self.emit({"type": "state", "state": "running", "message": "training"})
+            watcher = asyncio.ensure_future(self._watch_servers())
+            done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            watcher.cancel()
+            if chief_wait not in done:
+                return ("stopped", self.stop_reason or "stopped", None)
+        else:  # the coordinator ended before the servers were up: its error says why
+            starting.cancel()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(ev_reader, 2)
         if chief.reader:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(chief.reader, 2)
-        self.emit({"type": "task", "task": "chief-0", "state": "exited-ok" if chief.proc.returncode == 0
-                   else "failed", "exit_code": chief.proc.returncode})
+        self.emit(
+            {
+                "type": "task",
+                "task": "chief-0",
+                "state": "exited-ok" if chief.proc.returncode == 0 else "failed",
+                "exit_code": chief.proc.returncode,
+            }
+        )
         if chief.proc.returncode == 0 and os.path.exists(os.path.join(self.jobdir, "result.bin")):
             return ("succeeded", "finished", None)
         err_path = os.path.join(self.jobdir, "error.json")
@@ -382,8 +443,11 @@ class Supervisor:
             with open(err_path) as f:
                 err = json.load(f)
             return ("failed", f"{err['type']}: {err['message'][:300]}", err)
-        return ("failed", f"the coordinator exited with code {chief.proc.returncode}",
-                {"type": "CoordinatorExit", "message": f"exit code {chief.proc.returncode}", "traceback": ""})
+        return (
+            "failed",
+            f"the coordinator exited with code {chief.proc.returncode}",
+            {"type": "CoordinatorExit", "message": f"exit code {chief.proc.returncode}", "traceback": ""},
+        )
 
     async def _teardown(self) -> None:
         procs = [t.proc for t in self.tasks.values() if t.proc is not None and t.proc.returncode is None]
@@ -391,7 +455,9 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 p.terminate()
         if procs:
-            _, alive = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=KILL_GRACE_S)
+            await asyncio.wait(
+                [asyncio.ensure_future(p.wait()) for p in procs], timeout=KILL_GRACE_S
+            )
             for p in procs:
                 if p.returncode is None:
                     with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,154 @@
+"""The jobs panel's server extension: authentication, ownership, a real stop, the shared GPU sampler.
+
+Given a Jupyter server with the extension enabled (pytest-jupyter) and a TFDIST_STATE_DIR holding
+jobs of this user and of another one, written as the local backend writes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from tfdist.backends.base import Launch
+from tfdist.backends.local import LocalBackend
+from tfdist.jobspec import JobSpec
+from tfdist.payload import pack
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+from tests.kernels import wait_gone
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+ME = "alice"
+OTHER = "mallory"
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch) -> str:
+    d = tmp_path / "jobs"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("TFDIST_STATE_DIR", str(d))
+    monkeypatch.setenv("TFDIST_USER", ME)
+    monkeypatch.setenv("TFDIST_BACKEND", "local")
+    return str(d)
+
+
+@pytest.fixture
+def jp_server_config(state_dir):
+    """Enable the extension the way the installed jupyter-config file does."""
+    return {"ServerApp": {"jpserver_extensions": {"tfdist": True}}}
+
+
+def fake_job(state_dir: str, name: str, user: str, state: str = "running", pid: int | None = None) -> str:
+    """A job directory as LocalBackend.submit leaves it (spec.json, state.json, logs/)."""
+    d = os.path.join(state_dir, name)
+    os.makedirs(os.path.join(d, "logs"))
+    spec = JobSpec(name=name, user=user, workers=1, ps=1)
+    with open(os.path.join(d, "spec.json"), "w") as f:
+        f.write(spec.to_json())
+    with open(os.path.join(d, "state.json"), "w") as f:
+        json.dump({"state": state, "message": "", "created": time.time(), "tasks_total": spec.task_count}, f)
+    with open(os.path.join(d, "logs", "worker-0.log"), "w") as f:
+        f.write("hello from worker\n<img src=x onerror=alert(1)>\n")
+    if pid is not None:
+        with open(os.path.join(d, "supervisor.pid"), "w") as f:
+            f.write(str(pid))
+    return d
+
+
+async def get_json(jp_fetch, *path: str, method: str = "GET") -> dict:
+    kw = {"method": method, "body": b""} if method == "POST" else {}
+    r = await jp_fetch("tfdist", "api", *path, **kw)
+    return json.loads(r.body)
+
+
+async def test_unauthenticated_requests_are_refused(jp_fetch, jp_http_port, jp_base_url, state_dir):
+    fake_job(state_dir, "mine", ME)
+    client = AsyncHTTPClient()
+    base = f"http://localhost:{jp_http_port}{jp_base_url}tfdist/api/"
+    for path, method in [("jobs", "GET"), ("jobs/mine", "GET"), ("gpus", "GET"), ("jobs/mine/stop", "POST")]:
+        with pytest.raises(HTTPClientError) as e:
+            await client.fetch(
+                base + path, method=method, body=b"" if method == "POST" else None, follow_redirects=False
+            )
+        assert e.value.code in (302, 403), (path, e.value.code)
+    # and with the token the same routes answer
+    assert [j["name"] for j in (await get_json(jp_fetch, "jobs"))["jobs"]] == ["mine"]
+
+
+async def test_another_users_job_is_invisible_and_cannot_be_stopped(jp_fetch, state_dir):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        fake_job(state_dir, "mine", ME)
+        fake_job(state_dir, "theirs", OTHER, pid=sleeper.pid)
+        jobs = await get_json(jp_fetch, "jobs")
+        assert jobs["user"] == ME
+        assert [j["name"] for j in jobs["jobs"]] == ["mine"]
+        view = await get_json(jp_fetch, "jobs", "mine")
+        assert view["user"] == ME and view["logs"]["worker-0"][-1] == "<img src=x onerror=alert(1)>"
+        for path, method in [
+            (("jobs", "theirs"), "GET"),
+            (("jobs", "theirs", "stop"), "POST"),
+            (("jobs", "nosuch"), "GET"),
+            (("jobs", ".."), "GET"),
+        ]:
+            with pytest.raises(HTTPClientError) as e:
+                await get_json(jp_fetch, *path, method=method)
+            assert e.value.code == 404, path
+        assert sleeper.poll() is None, "another user's job process was touched"
+        assert psutil.Process(sleeper.pid).status() != psutil.STATUS_ZOMBIE
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+async def test_gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp):
+    first = await get_json(jp_fetch, "gpus")
+    assert first["cpu_count"] >= 1 and first["gpu_count"] == len(first["gpus"])
+    assert first["samples"] and "cpu (%)" in first["samples"][-1]
+    await asyncio.sleep(2.2)
+    second = await get_json(jp_fetch, "gpus")
+    sampler = jp_serverapp.web_app.settings["tfdist"].sampler
+    assert sampler.running
+    assert 2 <= len(second["samples"]) - len(first["samples"]) <= 4, "sampled at ~1 Hz, not per request"
+    sampler.stop()
+
+
+@pytest.mark.slow
+async def test_stop_ends_every_process_of_the_job(jp_fetch, state_dir):
+    name = "labstop"
+    submitter = LocalBackend(state_dir)
+    spec = JobSpec(name=name, user=ME, workers=1, ps=1)
+    payload = pack("import time\ntime.sleep(300)\n", [], {})
+    await submitter.submit(spec, payload, Launch(env={"TF_CPP_MIN_LOG_LEVEL": "3"}))
+    try:
+        deadline = time.time() + 180
+        view = await get_json(jp_fetch, "jobs", name)
+        while view["state"] != "running" and time.time() < deadline:
+            assert view["state"] not in ("failed", "succeeded", "stopped"), view["message"]
+            await asyncio.sleep(1)
+            view = await get_json(jp_fetch, "jobs", name)
+        assert view["state"] == "running", view
+        with open(os.path.join(state_dir, name, "supervisor.pid")) as f:
+            sup = psutil.Process(int(f.read()))
+        pids = [sup.pid] + [c.pid for c in sup.children(recursive=True)]
+        assert len(pids) >= 2
+        listed = await get_json(jp_fetch, "jobs")
+        assert [j["state"] for j in listed["jobs"] if j["name"] == name] == ["running"]
+
+        result = await get_json(jp_fetch, "jobs", name, "stop", method="POST")
+        assert result["stopped"] is True and result["state"] == "stopped", result
+        proc = submitter._lifelines.get(name)
+        if proc is not None:  # reap the supervisor we started (our end of its lifeline)
+            proc.wait(10)
+            submitter._release(name)
+        assert wait_gone(pids, 15) == []
+        assert (await get_json(jp_fetch, "jobs", name))["state"] == "stopped"
+    finally:
+        await submitter.close()

@@ -1,0 +1,123 @@
+"""The monitor's pure parts: the event reducer, the widget refresh and the static picture."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from tfdist.jobview import JobView
+from tfdist.kernel_magics.monitor import WidgetMonitor, log_text, static_png, tasks_html
+from tfdist.sampler import GpuReader, TaskProcess, TaskSampler
+
+
+def events(t0: float) -> list[dict]:
+    evs: list[dict] = [{"type": "state", "state": "starting", "message": "starting tasks"}]
+    for task in ("chief-0", "worker-0", "worker-1", "ps-0"):
+        evs.append(
+            {"type": "task", "task": task, "state": "running", "gpus": ["1"] if task == "worker-1" else []}
+        )
+    for i in range(1, 4):
+        evs.append(
+            {
+                "type": "progress",
+                "phase": "fit",
+                "epoch": i,
+                "epochs": 3,
+                "logs": {"loss": 2.0 / i},
+                "t": t0 + i,
+            }
+        )
+        evs.append(
+            {
+                "type": "metrics",
+                "t": t0 + i,
+                "tasks": {
+                    "worker-0": {"cpu (%)": 50.0 + i, "rss (MiB)": 300.0, "gpus": []},
+                    "worker-1": {
+                        "cpu (%)": 40.0,
+                        "rss (MiB)": 310.0,
+                        "gpus": [
+                            {
+                                "index": 1,
+                                "util (%)": 90.0,
+                                "mem_used (MiB)": 1000.0,
+                                "mem_total (MiB)": 80000.0,
+                            }
+                        ],
+                    },
+                },
+            }
+        )
+    evs.append({"type": "log", "lines": [["worker-0", "<img src=x onerror=alert(1)>"]]})
+    evs.append({"type": "state", "state": "succeeded", "message": "finished", "t": t0 + 5})
+    return evs
+
+
+def test_reducer_folds_a_run():
+    t0 = time.time()
+    v = JobView(name="j", created=t0, total_tasks=4)
+    for ev in events(t0):
+        v.apply(ev)
+    assert v.finished and v.state == "succeeded" and v.ended == t0 + 5
+    assert v.epoch == 3 and [e["loss"] for e in v.epoch_logs] == [2.0, 1.0, 2.0 / 3]
+    s = v.summary()
+    assert s["gpu_util"] == [90.0] and s["tasks_total"] == 4
+    again = JobView.from_dict(v.to_dict())  # what a late subscriber's snapshot rebuilds
+    assert again.summary() == s and list(again.logs) == list(v.logs)
+
+
+def test_widget_shows_curves_gpus_and_escapes_text():
+    t0 = time.time()
+    v = JobView(name="<b>j</b>", created=t0, total_tasks=4)
+    m = WidgetMonitor(v)
+    for ev in events(t0):
+        v.apply(ev)
+    m.refresh(v)
+    assert m.epochs.value == 3 and m.epochs.max == 3
+    assert m.startup.value == 3 and m.startup_label.value == "3/3 servers started"
+    assert list(m.figs["curves"].marks[0].labels) == ["loss"]
+    assert set(m.figs["cpu"].marks[0].labels) == {"worker-0", "worker-1"}
+    assert list(m.figs["gpu"].marks[0].labels) == ["worker-1 gpu1"]
+    assert m.gpu_box.layout.display == "flex"
+    assert "&lt;b&gt;j&lt;/b&gt;" in m.header.value and "<b>j</b>" not in m.header.value.replace(
+        "<b>tfdist", ""
+    )
+    assert "<img" not in tasks_html(v)
+    assert "[worker-0] <img src=x onerror=alert(1)>" in log_text(v)  # a Textarea: shown as text
+    assert m.logs.value == log_text(v)
+
+
+def test_static_png_is_a_picture():
+    t0 = time.time()
+    v = JobView(name="j", created=t0)
+    for ev in events(t0):
+        v.apply(ev)
+    png = static_png(v)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_sampler_measures_each_task():
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<5: pass"])
+    try:
+        s = TaskSampler(gpus=GpuReader())
+        s.track(TaskProcess("worker-0", busy.pid))
+        s.track(TaskProcess("ps-0", os.getpid()))
+        time.sleep(1.0)
+        rec = s.sample()
+        assert rec["type"] == "metrics" and set(rec["tasks"]) == {"worker-0", "ps-0"}
+        assert rec["tasks"]["worker-0"]["cpu (%)"] > 30  # a spinning process
+        assert rec["tasks"]["ps-0"]["rss (MiB)"] > 10
+    finally:
+        busy.kill()
+        busy.wait()
+    s.forget("worker-0")
+    assert set(s.sample()["tasks"]) == {"ps-0"}
+
+
+def test_gpu_reader_without_a_driver_reports_none_not_errors():
+    r = GpuReader()
+    if r.available:  # pragma: no cover - only on GPU machines
+        return
+    assert r.read(0)["util (%)"] is None

@@ -1,0 +1,101 @@
+"""Free GPUs on Kubernetes from node and pod objects, and the watch-fed cache's event handling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfdist.spawner.availability import ClusterGpuView, gpu_availability, parse_quantity
+from tfdist.spawner.profiles import GpuModel
+
+H100 = GpuModel(
+    display_name="H100",
+    node_selector={"nvidia.com/gpu.product": "H100"},
+    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+)
+MIG = GpuModel(display_name="MIG", resource="nvidia.com/mig-1g.10gb", node_selector={"mig": "yes"})
+MODELS = {"h100": H100, "mig": MIG}
+
+
+def node(name: str, product: str = "H100", gpus: str = "8", **kw: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product, **kw.get("labels", {})}},
+        "spec": {
+            "taints": kw.get(
+                "taints", [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+            ),
+            "unschedulable": kw.get("unschedulable", False),
+        },
+        "status": {
+            "allocatable": {"cpu": "64", "nvidia.com/gpu": gpus, **kw.get("extra", {})},
+            "conditions": [{"type": "Ready", "status": kw.get("ready", "True")}],
+        },
+    }
+
+
+def pod(name: str, node_name: str | None, gpus: int, phase: str = "Running", init: int = 0) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    if init:
+        spec["initContainers"] = [{"resources": {"requests": {"nvidia.com/gpu": str(init)}}}]
+    return {"metadata": {"namespace": "ns", "name": name}, "spec": spec, "status": {"phase": phase}}
+
+
+def test_allocatable_minus_requests_per_model() -> None:
+    nodes = [
+        node("a"),
+        node("b"),
+        node("c", product="A100"),
+        node("cordoned", unschedulable=True),
+        node("notready", ready="False"),
+        node("untolerated", taints=[{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]),
+        node(
+            "m",
+            product="none",
+            gpus="0",
+            labels={"mig": "yes"},
+            extra={"nvidia.com/mig-1g.10gb": "7"},
+            taints=[],
+        ),
+    ]
+    pods = [
+        pod("p1", "a", 3),
+        pod("p2", "a", 2),
+        pod("p3", "b", 8),
+        pod("done", "b", 8, phase="Succeeded"),
+        pod("pending", None, 4),
+        pod("init", "a", 1, init=2),
+        {
+            "metadata": {"namespace": "ns", "name": "mig1"},
+            "spec": {
+                "nodeName": "m",
+                "containers": [{"resources": {"requests": {"nvidia.com/mig-1g.10gb": "2"}}}],
+            },
+            "status": {"phase": "Running"},
+        },
+    ]
+    av = gpu_availability(nodes, pods, MODELS)
+    # a: 8 - (3 + 2 + max(1, 2)) = 1; b: 8 - 8 = 0; others excluded
+    assert (av["h100"].free, av["h100"].total) == (1, 16)
+    assert (av["mig"].free, av["mig"].total) == (5, 7)
+
+
+def test_quantities() -> None:
+    assert parse_quantity("8") == 8 and parse_quantity("1k") == 1000 and parse_quantity("500m") == 0.5
+    assert parse_quantity("junk") == 0 and parse_quantity(2) == 2
+
+
+def test_view_applies_watch_events_and_caches() -> None:
+    view = ClusterGpuView(api=None)
+    assert view.availability(MODELS) is None  # not loaded: "unknown" in the form
+    view.apply_node("ADDED", node("a"))
+    view.apply_pod("ADDED", pod("p1", "a", 3))
+    view._loaded = {"nodes": True, "pods": True}
+    first = view.availability(MODELS)
+    assert first is not None and first["h100"].free == 5
+    assert view.availability(MODELS) is first  # no change, no recomputation
+    view.apply_pod("MODIFIED", pod("p1", "a", 3, phase="Succeeded"))
+    assert view.availability(MODELS)["h100"].free == 8
+    view.apply_pod("ADDED", pod("p2", "a", 6))
+    view.apply_node("DELETED", node("a"))
+    assert view.availability(MODELS)["h100"].total == 0

@@ -1,0 +1,135 @@
+"""validate_options and the form renderer, without a hub: the rules the real-hub tests rely on."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from tfdist.spawner.allocator import ModelAvailability
+from tfdist.spawner.form import CUSTOM_IMAGE, form_to_raw, render_form
+from tfdist.spawner.profiles import parse_profiles
+from tfdist.spawner.validation import OptionsError, UserContext, validate_options
+
+CFG = parse_profiles(
+    {
+        "gpu_models": {"h100": {"display_name": "H100 <i>80GB</i>", "nvml_name": "NVIDIA H100.*"}},
+        "profiles": [
+            {
+                "slug": "cpu",
+                "display_name": "CPU",
+                "groups": ["*"],
+                "cpu": {"min": 0.5, "max": 4, "default": 1},
+                "memory_gib": {"min": 0.5, "max": 8, "default": 1},
+                "images": ["a:1"],
+            },
+            {
+                "slug": "gpu",
+                "display_name": "GPU",
+                "description": "<script>x()</script>",
+                "groups": ["ml"],
+                "cpu": {"min": 1, "max": 8, "default": 2},
+                "memory_gib": {"min": 1, "max": 64, "default": 4},
+                "gpus": {"min": 1, "max": 4, "default": 1},
+                "gpu_models": ["h100"],
+                "max_gpus_per_user": 3,
+                "images": ["a:1"],
+                "custom_image": {"regex": r"reg\.io/[a-z]+:[0-9.]+"},
+            },
+        ],
+    }
+)
+ML = UserContext(groups=frozenset({"ml"}))
+
+
+def test_empty_options_mean_first_allowed_profile_defaults() -> None:
+    assert validate_options({}, CFG, UserContext()).as_user_options() == {
+        "profile": "cpu",
+        "cpu": 1.0,
+        "memory": 1.0,
+        "gpus": 0,
+        "image": "a:1",
+    }
+
+
+def test_choice_round_trips() -> None:
+    c = validate_options(
+        {
+            "profile": "gpu",
+            "cpu": "2.5",
+            "memory": 3,
+            "gpus": "2",
+            "gpu_model": "h100",
+            "image": "reg.io/tf:2.21",
+        },
+        CFG,
+        ML,
+    )
+    assert (c.cpu, c.memory_bytes, c.gpus, c.image) == (2.5, 3 * 2**30, 2, "reg.io/tf:2.21")
+    assert validate_options(c.as_user_options(), CFG, ML) == c
+
+
+@pytest.mark.parametrize(
+    ("image", "ok"),
+    [
+        ("reg.io/tf:2.21", True),
+        ("reg.io/tf:2.21x", False),
+        ("xreg.io/tf:2.21", False),
+        ("reg.io/tf:2.21\n", False),
+        ("reg.io/tf:2.21\nreg.io/b:1", False),
+        ("reg.io/TF:1", False),
+        ("a:1", True),
+    ],
+)
+def test_custom_image_is_a_full_match(image: str, ok: bool) -> None:
+    opts = {"profile": "gpu", "cpu": 2, "memory": 4, "gpus": 1, "gpu_model": "h100", "image": image}
+    if ok:
+        assert validate_options(opts, CFG, ML).image == image
+    else:
+        with pytest.raises(OptionsError, match="does not fully match"):
+            validate_options(opts, CFG, ML)
+
+
+def test_cap_and_availability() -> None:
+    opts = {"profile": "gpu", "cpu": 2, "memory": 4, "gpus": 2, "gpu_model": "h100", "image": "a:1"}
+    with pytest.raises(OptionsError, match="your other servers hold 2, so you can ask for at most 1"):
+        validate_options(opts, CFG, UserContext(groups=frozenset({"ml"}), gpus_held_elsewhere=2))
+    with pytest.raises(OptionsError, match="only 1 free right now"):
+        validate_options(opts, CFG, UserContext(groups=frozenset({"ml"}), free_gpus={"h100": 1}))
+    # unknown availability (None) leaves it to the scheduler
+    assert validate_options(opts, CFG, UserContext(groups=frozenset({"ml"}), free_gpus=None)).gpus == 2
+
+
+def test_form_to_raw() -> None:
+    raw = form_to_raw(
+        {
+            "_xsrf": ["t"],
+            "profile": ["gpu"],
+            "image": [CUSTOM_IMAGE],
+            "image_custom": ["reg.io/a:1"],
+            "gpus": ["1", "2"],
+        }
+    )
+    assert raw == {"profile": "gpu", "image": "reg.io/a:1", "gpus": ["1", "2"]}
+    assert form_to_raw({"image": ["a:1"], "image_custom": [""]}) == {"image": "a:1"}
+
+
+def test_form_escapes_and_explains() -> None:
+    html = render_form(CFG, ML, {"h100": ModelAvailability(free=0, total=2)}, remembered=())
+    assert "<script>x()</script>" not in html and "&lt;script&gt;x()&lt;/script&gt;" in html
+    assert "H100 &lt;i&gt;80GB&lt;/i&gt;: 0 of 2 free" in html
+    # the GPU profile needs at least 1 GPU and none is free: disabled with the reason, CPU pre-selected
+    assert re.search(r'value="gpu"[^>]*disabled', html) and "are not free for you right now" in html
+    assert re.search(r'value="cpu"\s+checked', html)
+
+
+def test_form_remembers_last_valid_and_shows_cap() -> None:
+    last = {"profile": "gpu", "cpu": 3, "memory": 5, "gpus": 1, "gpu_model": "h100", "image": "reg.io/tf:1.0"}
+    ctx = UserContext(groups=frozenset({"ml"}), gpus_held_elsewhere=1)
+    html = render_form(
+        CFG, ctx, {"h100": ModelAvailability(free=4, total=4)}, remembered=({"profile": "gone"}, last)
+    )
+    assert re.search(r'value="gpu"\s+checked', html)
+    assert re.search(r'id="tfdist-gpu-cpu"[^>]*value="3"', html)
+    assert f'<option value="{CUSTOM_IMAGE}" selected' in html and 'value="reg.io/tf:1.0"' in html
+    assert "your other servers hold 1, so up to 2 here" in html
+    assert 'data-cap-left="2"' in html
