@@ -6,8 +6,10 @@ place is the contract between the two sides.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 ENV_BACKEND = "TFDIST_BACKEND"  # "local" (default) or "kubernetes"
 ENV_NAMESPACE = "TFDIST_NAMESPACE"  # Kubernetes namespace for job objects
@@ -18,6 +20,8 @@ ENV_POD_NAME = "TFDIST_POD_NAME"  # the notebook pod (owner of job objects), via
 ENV_POD_UID = "TFDIST_POD_UID"
 ENV_SERVICE_ACCOUNT = "TFDIST_SERVICE_ACCOUNT"
 ENV_KUEUE_QUEUE = "TFDIST_KUEUE_QUEUE"  # optional Kueue LocalQueue name
+ENV_GPU_NODE_SELECTOR = "TFDIST_GPU_NODE_SELECTOR"  # JSON: node selector of the GPU model (workers' pods)
+ENV_GPU_TOLERATIONS = "TFDIST_GPU_TOLERATIONS"  # JSON list: tolerations of the GPU model
 ENV_USER = "TFDIST_USER"  # the hub user name (labels); falls back to JUPYTERHUB_USER / $USER
 ENV_STATE_DIR = "TFDIST_STATE_DIR"  # where local jobs keep sockets, logs and results
 
@@ -33,6 +37,8 @@ class Settings:
     pod_uid: str | None
     service_account: str | None
     kueue_queue: str | None
+    gpu_node_selector: dict[str, str] | None
+    gpu_tolerations: list[dict] | None
     user: str
     state_dir: str
 
@@ -42,6 +48,14 @@ def _int_or_none(v: str | None) -> int | None:
         return int(v) if v not in (None, "") else None
     except ValueError:
         return None
+
+
+def _json_or_none(v: str | None, kind: type) -> Any:
+    try:
+        out = json.loads(v) if v else None
+    except ValueError:
+        return None
+    return out if isinstance(out, kind) else None
 
 
 def from_environ(env: dict[str, str] | None = None) -> Settings:
@@ -58,6 +72,8 @@ def from_environ(env: dict[str, str] | None = None) -> Settings:
         pod_uid=e.get(ENV_POD_UID) or None,
         service_account=e.get(ENV_SERVICE_ACCOUNT) or None,
         kueue_queue=e.get(ENV_KUEUE_QUEUE) or None,
+        gpu_node_selector=_json_or_none(e.get(ENV_GPU_NODE_SELECTOR), dict),
+        gpu_tolerations=_json_or_none(e.get(ENV_GPU_TOLERATIONS), list),
         user=user,
         state_dir=e.get(ENV_STATE_DIR) or os.path.join(runtime, "tfdist", "jobs"),
     )

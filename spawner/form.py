@@ -156,7 +156,11 @@ def render_form(
     """
     allowed = cfg.allowed_profiles(ctx.groups)
     chosen: Mapping[str, Any] | None = None
-    if submitted and isinstance(submitted.get("profile"), str) and cfg.profile(submitted["profile"]) in allowed:
+    if (
+        submitted
+        and isinstance(submitted.get("profile"), str)
+        and cfg.profile(submitted["profile"]) in allowed
+    ):
         chosen = submitted
     else:
         chosen = _prefill(cfg, ctx.groups, remembered)

@@ -5,7 +5,8 @@ cgroup v2 (preferred): each server gets ``<parent>/tfdist-<owner>`` with ``memor
 ``memory.swap.max`` 0, so the limit is not escaped into swap) and ``cpu.max`` from the CPU choice; the server
 process joins it before exec, so kernels it starts inherit it and the kernel OOM killer enforces the limit.
 The parent is ``TfdistLocalSpawner.cgroup_parent`` when set (e.g. a systemd unit with ``Delegate=yes``), else
-the hub's own cgroup. Because cgroup v2 forbids processes in a cgroup that hands controllers to children
+the hub's own cgroup when it is delegated (systemd Delegate=yes, or a container's own cgroup namespace).
+Because cgroup v2 forbids processes in a cgroup that hands controllers to children
 ("no internal processes"), the hub first moves the processes of its own cgroup into a ``tfdist-hub`` leaf, as
 container init systems do.
 
@@ -59,6 +60,19 @@ def own_cgroup_path(proc_cgroup_text: str) -> str | None:
     return None
 
 
+def _delegated(cgroup: Path, own: str | None) -> bool:
+    """May the hub reorganise this cgroup? Yes in a container's own cgroup namespace (it sees itself at
+    "/"), or when systemd marked it delegated (Delegate=yes sets the trusted.delegate/user.delegate xattr).
+    Never a login session's scope, whose other processes the hub would otherwise move."""
+    if own == "/":
+        return True
+    for attr in ("trusted.delegate", "user.delegate"):
+        with contextlib.suppress(OSError, AttributeError):
+            if os.getxattr(cgroup, attr) == b"1":
+                return True
+    return False
+
+
 def _read(p: Path) -> str:
     return p.read_text().strip()
 
@@ -81,6 +95,7 @@ def find_cgroup_parent(
 ) -> tuple[CgroupV2 | None, str]:
     """A usable cgroup v2 parent and why, or (None, reason) for the fallback."""
     try:
+        own = None
         if configured:
             parent = Path(configured)
         else:
@@ -88,7 +103,9 @@ def find_cgroup_parent(
             mount = cgroup2_mount(mounts)
             if mount is None:
                 return None, "no cgroup v2 hierarchy is mounted (cgroup v1 host)"
-            procs = proc_cgroup_text if proc_cgroup_text is not None else Path("/proc/self/cgroup").read_text()
+            procs = (
+                proc_cgroup_text if proc_cgroup_text is not None else Path("/proc/self/cgroup").read_text()
+            )
             own = own_cgroup_path(procs)
             if own is None:
                 return None, "this process is not in the cgroup v2 hierarchy"
@@ -102,6 +119,11 @@ def find_cgroup_parent(
         except OSError as e:
             if e.errno != errno.EBUSY or not move_hub:
                 raise
+            if not configured and not _delegated(parent, own):
+                return None, (
+                    f"{parent} is not delegated to the hub (run it in a unit with Delegate=yes, "
+                    "or set TfdistLocalSpawner.cgroup_parent)"
+                )
             # "no internal processes": move everything in `parent` into a leaf, then enable.
             leaf = parent / "tfdist-hub"
             leaf.mkdir(exist_ok=True)
@@ -139,7 +161,7 @@ class CgroupV2:
 
     @staticmethod
     def join_fn(path: Path) -> Callable[[], None]:
-        """For preexec_fn: move the child into the cgroup before exec (async-signal-safe enough: one write)."""
+        """For preexec_fn: move the child into the cgroup before exec (one write, nothing else)."""
         procs = str(path / "cgroup.procs")
 
         def join() -> None:
@@ -187,7 +209,9 @@ def pick_victim(tree: list[tuple[int, int]], server_pid: int, limit_bytes: int) 
     return server_pid
 
 
-def enforce_once(server_pid: int, limit_bytes: int, logger: logging.Logger | logging.LoggerAdapter = log) -> int | None:
+def enforce_once(
+    server_pid: int, limit_bytes: int, logger: logging.Logger | logging.LoggerAdapter = log
+) -> int | None:
     """One watchdog pass; returns the pid it killed, if any."""
     tree = tree_rss(server_pid)
     victim = pick_victim(tree, server_pid, limit_bytes)
@@ -196,7 +220,10 @@ def enforce_once(server_pid: int, limit_bytes: int, logger: logging.Logger | log
     used = sum(rss for _, rss in tree)
     logger.warning(
         "tfdist memory watchdog: server pid %s uses %.0f MiB > limit %.0f MiB; killing pid %s",
-        server_pid, used / 2**20, limit_bytes / 2**20, victim,
+        server_pid,
+        used / 2**20,
+        limit_bytes / 2**20,
+        victim,
     )
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(victim, signal.SIGKILL)

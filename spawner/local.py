@@ -35,8 +35,9 @@ from .validation import Choice
 
 __all__ = ["TfdistLocalSpawner", "safe_dirname"]
 
-# One allocator per inventory object and one core picker per hub process: shared by all spawners.
-_allocators: dict[int, GpuAllocator] = {}
+# One allocator and one core picker per hub process, shared by all spawners. Keyed by the inventory's class,
+# not the object: traitlets deep-copies config values into each spawner, so every spawner has its own copy.
+_allocators: dict[str, GpuAllocator] = {}
 _cores: CorePicker | None = None
 _cgroup: tuple[CgroupV2 | None, str] | None = None
 
@@ -77,10 +78,12 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
     cgroup_parent = Unicode(
         "",
         config=True,
-        help="cgroup v2 directory for server cgroups (e.g. a systemd Delegate=yes unit's); default: the hub's own.",
+        help="cgroup v2 directory for server cgroups (e.g. of a Delegate=yes unit); default: the hub's own.",
     )
     memory_check_interval = Float(
-        5.0, config=True, help="Seconds between fallback watchdog checks of each server's memory (cgroup-less)."
+        5.0,
+        config=True,
+        help="Seconds between fallback watchdog checks of each server's memory (cgroup-less).",
     )
     hide_gpus_when_none = Bool(
         True, config=True, help="Set CUDA_VISIBLE_DEVICES='' for a 0-GPU server so it cannot touch any GPU."
@@ -93,7 +96,9 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
 
     @default("home_dir_template")
     def _home_dir_template_default(self) -> str:
-        base = os.environ.get("TFDIST_HUB_STATE_DIR") or os.path.join(os.path.expanduser("~"), ".local/share/tfdist-hub")
+        base = os.environ.get("TFDIST_HUB_STATE_DIR") or os.path.join(
+            os.path.expanduser("~"), ".local/share/tfdist-hub"
+        )
         return os.path.join(base, "users", "{username}")
 
     @default("home_dir")
@@ -117,9 +122,10 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
 
     def tfdist_allocator(self) -> GpuAllocator:
         inv: GpuInventory = self.gpu_inventory if self.gpu_inventory is not None else _default_inventory()
-        alloc = _allocators.get(id(inv))
+        key = f"{type(inv).__module__}.{type(inv).__qualname__}"
+        alloc = _allocators.get(key)
         if alloc is None:
-            alloc = _allocators[id(inv)] = GpuAllocator(inv)
+            alloc = _allocators[key] = GpuAllocator(inv)
         return alloc
 
     @staticmethod
@@ -202,6 +208,12 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
         )
         return result
 
+    def get_args(self) -> list[str]:
+        args = list(super().get_args())
+        if os.geteuid() == 0 and "--allow-root" not in args:
+            args.append("--allow-root")  # servers run as the hub's user; in containers that is often root
+        return args
+
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
         base = super().make_preexec_fn(name)
         cores = list(getattr(self, "_tfdist_core_list", []) or [])
@@ -259,7 +271,7 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
     async def stop(self, now: bool = False) -> None:
         leftovers = []
         if self.pid:
-                    # kernels run in sessions of their own; remember them to end any the server leaves behind
+            # kernels run in sessions of their own; remember them to end any the server leaves behind
             with contextlib.suppress(psutil.Error):
                 leftovers = psutil.Process(self.pid).children(recursive=True)
         try:

@@ -108,7 +108,9 @@ def configure(
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tfdist-local-hub", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument(
+        "--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
     p.add_argument("--port", type=int, default=int(os.environ.get("TFDIST_HUB_PORT", "8000")))
     p.add_argument(
         "--state-dir",
@@ -116,7 +118,9 @@ def _parser() -> argparse.ArgumentParser:
         or os.path.join(os.path.expanduser("~"), ".local", "share", "tfdist-hub"),
         help="database, cookie secret and users' folders",
     )
-    p.add_argument("--profiles", default=None, help="profiles YAML (default: the packaged single-machine one)")
+    p.add_argument(
+        "--profiles", default=None, help="profiles YAML (default: the packaged single-machine one)"
+    )
     p.add_argument("--examples", default=None, help="folder copied into each user's folder as 'examples'")
     p.add_argument("--notebook", default="digits.ipynb", help="notebook in --examples each server opens")
     p.add_argument(

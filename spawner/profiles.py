@@ -152,7 +152,7 @@ class CustomImage(_Strict):
 
     regex: str = Field(min_length=1)
     display_name: str = "Other image…"
-    #: shown to users next to the field and in the error message, e.g. "images from registry.example.org/team/"
+    #: shown next to the field and in the error message, e.g. "images from registry.example.org/team/"
     help: str = ""
 
     @field_validator("regex")
@@ -210,7 +210,9 @@ class Profile(_Strict):
         if len(set(images)) != len(images):
             raise ValueError("images lists an image twice")
         if self.max_gpus_per_user is not None and self.max_gpus_per_user < self.gpus.min:
-            raise ValueError(f"max_gpus_per_user ({self.max_gpus_per_user}) is below gpus.min ({self.gpus.min})")
+            raise ValueError(
+                f"max_gpus_per_user ({self.max_gpus_per_user}) is below gpus.min ({self.gpus.min})"
+            )
         return self
 
     @property
@@ -248,7 +250,9 @@ class ProfilesConfig(_Strict):
             seen.add(p.slug)
             for m in p.gpu_models:
                 if m not in self.gpu_models:
-                    raise ValueError(f"profile {p.slug!r} offers GPU model {m!r}, which gpu_models does not define")
+                    raise ValueError(
+                        f"profile {p.slug!r} offers GPU model {m!r}, which gpu_models does not define"
+                    )
         return self
 
     def profile(self, slug: str) -> Profile | None:
@@ -266,13 +270,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that rejects a key written twice (PyYAML would silently keep the last one)."""
 
 
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+def _construct_mapping(
+    loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False
+) -> dict[Any, Any]:
     seen: dict[Any, Any] = {}
     for key_node, _value_node in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                "while reading a mapping", node.start_mark, f"the key {key!r} is written twice", key_node.start_mark
+                "while reading a mapping",
+                node.start_mark,
+                f"the key {key!r} is written twice",
+                key_node.start_mark,
             )
         seen[key] = True
     return loader.construct_mapping(node, deep=deep)
@@ -306,7 +315,9 @@ def _key_path(loc: tuple[int | str, ...], data: Any) -> str:
 def parse_profiles(data: Any, path: str = "<profiles>") -> ProfilesConfig:
     """Validate already-parsed YAML/JSON data; raises ProfilesFileError naming every bad key."""
     if not isinstance(data, Mapping):
-        raise ProfilesFileError(path, [("(top level)", "must be a mapping with 'profiles' (and 'gpu_models')")])
+        raise ProfilesFileError(
+            path, [("(top level)", "must be a mapping with 'profiles' (and 'gpu_models')")]
+        )
     try:
         return ProfilesConfig.model_validate(data)
     except ValidationError as e:
@@ -331,7 +342,7 @@ def load_profiles(path: str | os.PathLike[str]) -> ProfilesConfig:
     except UnicodeDecodeError as e:
         raise ProfilesFileError(p, [("(file)", f"is not UTF-8 ({e.reason} at byte {e.start})")]) from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
@@ -349,7 +360,9 @@ def load_profiles_or_exit(path: str | os.PathLike[str]) -> ProfilesConfig:
     try:
         return load_profiles(path)
     except ProfilesFileError as e:
-        print(f"tfdist: the GPU profiles file is not usable, so the hub will not start:\n{e}", file=sys.stderr)
+        print(
+            f"tfdist: the GPU profiles file is not usable, so the hub will not start:\n{e}", file=sys.stderr
+        )
         raise SystemExit(2) from None
 
 

@@ -170,7 +170,9 @@ def _required_keys(profile: Profile) -> list[str]:
 def _defaults(cfg: ProfilesConfig, ctx: UserContext) -> dict[str, Any]:
     allowed = cfg.allowed_profiles(ctx.groups)
     if not allowed:
-        raise OptionsError("No profile is available to you. Ask a hub admin to add you to a group.", "profile")
+        raise OptionsError(
+            "No profile is available to you. Ask a hub admin to add you to a group.", "profile"
+        )
     p = allowed[0]
     out: dict[str, Any] = {
         "profile": p.slug,

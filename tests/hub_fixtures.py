@@ -239,7 +239,7 @@ def start_hub(
         extra=extra,
     )
     log_path = tmp / "hub.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
+    log = open(log_path, "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterhub", "-f", str(cfg)],
         cwd=tmp,
@@ -249,7 +249,12 @@ def start_hub(
     )
     log.close()
     hub = RunningHub(
-        url=f"http://127.0.0.1:{port}", token=token, password=password, proc=proc, state_dir=tmp, log_path=log_path
+        url=f"http://127.0.0.1:{port}",
+        token=token,
+        password=password,
+        proc=proc,
+        state_dir=tmp,
+        log_path=log_path,
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -107,13 +107,22 @@ class Kernel:
             pass
 
 
+# Every kernel the tests start carries this mark, and every job process inherits it: so the checks see
+# this run's jobs only, not those of another run on the same machine.
+RUN_MARK = f"tfdist-test-{os.getpid()}"
+
+
 def job_processes() -> list[psutil.Process]:
-    """Every process of any tfdist job on this machine (supervisors, tasks, coordinators)."""
+    """Every live process of a tfdist job started by this test run (supervisors, tasks, coordinators)."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info.get("cmdline") or [])
-        if "tfdist.runtime." in cmd:
-            out.append(p)
+        try:
+            if "tfdist.runtime." not in " ".join(p.info.get("cmdline") or []):
+                continue
+            if p.environ().get("TFDIST_TEST_RUN") == RUN_MARK and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
     return out
 
 
@@ -121,16 +130,28 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
     deadline = time.time() + timeout
     alive = list(pids)
     while alive and time.time() < deadline:
-        alive = [
-            p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        ]
+        alive = [p for p in alive if _alive(p)]
         time.sleep(0.1)
     return alive
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def kernel_env(state_dir: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"TFDIST_STATE_DIR": state_dir, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"})
+    env.update(
+        {
+            "TFDIST_TEST_RUN": RUN_MARK,
+            "TFDIST_STATE_DIR": state_dir,
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "PYTHONWARNINGS": "ignore",
+        }
+    )
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.update(extra)
     return env

@@ -15,13 +15,13 @@ import time
 
 import psutil
 import pytest
+from tornado.httpclient import HTTPClientError
+
+from tests.kernels import wait_gone
 from tfdist.backends.base import Launch
 from tfdist.backends.local import LocalBackend
 from tfdist.jobspec import JobSpec
 from tfdist.payload import pack
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-
-from tests.kernels import wait_gone
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -68,21 +68,25 @@ async def get_json(jp_fetch, *path: str, method: str = "GET") -> dict:
     return json.loads(r.body)
 
 
-async def test_unauthenticated_requests_are_refused(jp_fetch, jp_http_port, jp_base_url, state_dir):
+async def _unauthenticated_requests_are_refused(jp_fetch, state_dir):
     fake_job(state_dir, "mine", ME)
-    client = AsyncHTTPClient()
-    base = f"http://localhost:{jp_http_port}{jp_base_url}tfdist/api/"
     for path, method in [("jobs", "GET"), ("jobs/mine", "GET"), ("gpus", "GET"), ("jobs/mine/stop", "POST")]:
         with pytest.raises(HTTPClientError) as e:
-            await client.fetch(
-                base + path, method=method, body=b"" if method == "POST" else None, follow_redirects=False
+            await jp_fetch(
+                "tfdist",
+                "api",
+                *path.split("/"),
+                method=method,
+                body=b"" if method == "POST" else None,
+                headers={"Authorization": ""},
+                follow_redirects=False,
             )
         assert e.value.code in (302, 403), (path, e.value.code)
     # and with the token the same routes answer
     assert [j["name"] for j in (await get_json(jp_fetch, "jobs"))["jobs"]] == ["mine"]
 
 
-async def test_another_users_job_is_invisible_and_cannot_be_stopped(jp_fetch, state_dir):
+async def _another_users_job_is_invisible_and_cannot_be_stopped(jp_fetch, state_dir):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         fake_job(state_dir, "mine", ME)
@@ -108,7 +112,7 @@ async def test_another_users_job_is_invisible_and_cannot_be_stopped(jp_fetch, st
         sleeper.wait()
 
 
-async def test_gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp):
+async def _gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp):
     first = await get_json(jp_fetch, "gpus")
     assert first["cpu_count"] >= 1 and first["gpu_count"] == len(first["gpus"])
     assert first["samples"] and "cpu (%)" in first["samples"][-1]
@@ -120,8 +124,7 @@ async def test_gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serv
     sampler.stop()
 
 
-@pytest.mark.slow
-async def test_stop_ends_every_process_of_the_job(jp_fetch, state_dir):
+async def _stop_ends_every_process_of_the_job(jp_fetch, state_dir):
     name = "labstop"
     submitter = LocalBackend(state_dir)
     spec = JobSpec(name=name, user=ME, workers=1, ps=1)
@@ -152,3 +155,28 @@ async def test_stop_ends_every_process_of_the_job(jp_fetch, state_dir):
         assert (await get_json(jp_fetch, "jobs", name))["state"] == "stopped"
     finally:
         await submitter.close()
+
+
+# pytest-jupyter serves on its own loop (jp_asyncio_loop); pytest-asyncio (asyncio_mode=auto) would run an
+# async test on another one, where the server never answers. So the tests are sync and drive that loop.
+
+
+def test_unauthenticated_requests_are_refused(jp_fetch, state_dir, jp_asyncio_loop) -> None:
+    jp_asyncio_loop.run_until_complete(_unauthenticated_requests_are_refused(jp_fetch, state_dir))
+
+
+def test_another_users_job_is_invisible_and_cannot_be_stopped(jp_fetch, state_dir, jp_asyncio_loop) -> None:
+    jp_asyncio_loop.run_until_complete(
+        _another_users_job_is_invisible_and_cannot_be_stopped(jp_fetch, state_dir)
+    )
+
+
+def test_gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp, jp_asyncio_loop) -> None:
+    jp_asyncio_loop.run_until_complete(
+        _gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp)
+    )
+
+
+@pytest.mark.slow
+def test_stop_ends_every_process_of_the_job(jp_fetch, state_dir, jp_asyncio_loop) -> None:
+    jp_asyncio_loop.run_until_complete(_stop_ends_every_process_of_the_job(jp_fetch, state_dir))

@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "doubles"))
 from hub_objects import FakeGroup, FakeHub, FakeHubUser
+
 from tfdist import settings
 
 REPO = Path(__file__).resolve().parent.parent

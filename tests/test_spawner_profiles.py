@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tfdist.spawner.localhub import default_profiles_path
 from tfdist.spawner.profiles import ProfilesFileError, ProfilesSource, load_profiles
 

@@ -12,6 +12,7 @@ import pytest
 
 _sys.path.insert(0, str(Path(__file__).parent / "doubles"))
 from fake_nvml import FakeNvmlInventory
+
 from tfdist.spawner.allocator import CorePicker, GpuAllocator, GpuShortage
 from tfdist.spawner.limits import (
     CgroupV2,

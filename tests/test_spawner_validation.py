@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from tfdist.spawner.allocator import ModelAvailability
 from tfdist.spawner.form import CUSTOM_IMAGE, form_to_raw, render_form
 from tfdist.spawner.profiles import parse_profiles

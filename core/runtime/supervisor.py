@@ -455,9 +455,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 p.terminate()
         if procs:
-            await asyncio.wait(
-                [asyncio.ensure_future(p.wait()) for p in procs], timeout=KILL_GRACE_S
-            )
+            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=KILL_GRACE_S)
             for p in procs:
                 if p.returncode is None:
                     with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,546 @@
+"""The Kubernetes backend: a job is a set of labelled objects (see tfdist.kube.manifests) in the user's
+namespace, owned by the notebook pod.
+
+Status comes from a watch on the job's pods (resumed from its resourceVersion when the connection or the
+API server drops, so no event is lost or repeated), never from polling. A job that cannot be scheduled
+shows the scheduler's reason and, after --timeout, is deleted whole. Creation is all-or-nothing: if any
+object is refused, everything already created is deleted before the error is shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..errors import BackendUnavailable, JobSpecError, TfdistError
+from ..jobspec import JobSpec
+from ..jobview import JobView
+from ..kube import manifests as mf
+from ..kube.agent_client import AgentClient
+from ..settings import Settings
+from .base import Backend, Launch
+
+SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+WATCH_TIMEOUT_S = 300
+MAX_WORKER_REPLACEMENTS = 3  # server-side watch timeout; the loop re-opens it from the last resourceVersion
+
+
+def current_namespace(settings: Settings) -> str:
+    if settings.namespace:
+        return settings.namespace
+    with contextlib.suppress(OSError):
+        with open(SA_NAMESPACE_FILE) as f:
+            return f.read().strip()
+    return "default"
+
+
+def pod_task_state(pod: dict[str, Any]) -> tuple[str, str]:
+    """(state, message) of one task pod, with the scheduler's words while it waits for a node."""
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return "terminating", ""
+    if phase == "Pending":
+        for c in status.get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                return "unschedulable", c.get("message") or c.get("reason") or "not scheduled"
+        for cs in status.get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
+                return "image-error", f"{waiting['reason']}: {waiting.get('message', '')}".strip()
+        return "pending", "scheduled" if (pod.get("spec") or {}).get("nodeName") else "waiting for a node"
+    if phase == "Running":
+        restarts = sum(cs.get("restartCount", 0) for cs in status.get("containerStatuses") or [])
+        return "running", f"restarts: {restarts}" if restarts else ""
+    if phase == "Succeeded":
+        return "exited-ok", ""
+    if phase == "Failed":
+        return "failed", status.get("reason") or status.get("message") or "failed"
+    return phase.lower(), ""
+
+
+def _translate(exc: Exception, kind: str, name: str, namespace: str) -> TfdistError:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    if not isinstance(exc, ApiException):
+        return BackendUnavailable(f"cannot reach the Kubernetes API: {exc}")
+    try:
+        message = json.loads(exc.body or "{}").get("message") or exc.reason
+    except ValueError:
+        message = exc.reason
+    if exc.status == 403:
+        return BackendUnavailable(
+            f"not allowed to create {kind} {name!r} in namespace {namespace!r}: {message}. The notebook's "
+            "service account needs the tfdist Role (hub_config/rbac.yaml) in that namespace"
+        )
+    if exc.status == 404:
+        return JobSpecError(f"namespace {namespace!r} does not exist ({message})")
+    if exc.status == 409:
+        return JobSpecError(
+            f"a job named {name!r} already exists in namespace {namespace!r}: pick another --name"
+        )
+    if exc.status == 422:
+        return JobSpecError(f"the API server refused {kind} {name!r}: {message}")
+    return BackendUnavailable(f"the API server refused {kind} {name!r} ({exc.status}): {message}")
+
+
+@dataclasses.dataclass
+class _Job:
+    spec: JobSpec
+    payload: bytes
+    token: str
+    created: float
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+
+    def __init__(self, settings: Settings, kubeconfig: str | None = None):
+        self.settings = settings
+        self.namespace = current_namespace(settings)
+        self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
+        self._api: Any = None
+        self._jobs: dict[str, _Job] = {}
+        self._agents: dict[str, AgentClient] = {}
+        self.node_selector: dict[str, str] | None = settings.gpu_node_selector
+        self.tolerations: list[dict] | None = settings.gpu_tolerations
+        self.notebook_labels: dict[str, str] | None = (
+            {"hub.jupyter.org/username": mf.label_value(settings.user)} if settings.pod_name else None
+        )
+
+    # ------------------------------------------------------------------ API plumbing
+    async def api(self) -> Any:
+        if self._api is None:
+            from kubernetes_asyncio import client, config
+
+            cfg = client.Configuration()
+            if os.path.exists(SA_NAMESPACE_FILE) and not self.kubeconfig:
+                config.load_incluster_config(client_configuration=cfg)
+            else:
+                await config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
+            self._api = client.ApiClient(cfg)
+        return self._api
+
+    async def _core(self) -> Any:
+        from kubernetes_asyncio import client
+
+        return client.CoreV1Api(await self.api())
+
+    async def _create(self, obj: dict[str, Any]) -> None:
+        from kubernetes_asyncio import client
+
+        api = await self.api()
+        ns = obj["metadata"]["namespace"]
+        kind = obj["kind"]
+        if kind == "NetworkPolicy":
+            await client.NetworkingV1Api(api).create_namespaced_network_policy(ns, obj)
+            return
+        core = client.CoreV1Api(api)
+        create = {
+            "Pod": core.create_namespaced_pod,
+            "Service": core.create_namespaced_service,
+            "Secret": core.create_namespaced_secret,
+        }[kind]
+        await create(ns, obj)
+
+    async def delete_all(self, name: str, namespace: str | None = None) -> None:
+        """Delete every object of a job by its label: pods first (they hold the GPUs)."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        ns = namespace or self.namespace
+        api = await self.api()
+        core = client.CoreV1Api(api)
+        sel = f"{mf.L_JOB}={name}"
+        calls = [
+            core.delete_collection_namespaced_pod(ns, label_selector=sel, grace_period_seconds=0),
+            core.delete_collection_namespaced_secret(ns, label_selector=sel),
+            client.NetworkingV1Api(api).delete_collection_namespaced_network_policy(ns, label_selector=sel),
+        ]
+        for call in calls:
+            with contextlib.suppress(ApiException):
+                await call
+        with contextlib.suppress(ApiException):  # services have no delete-collection
+            svcs = await core.list_namespaced_service(ns, label_selector=sel)
+            for s in svcs.items:
+                await core.delete_namespaced_service(s.metadata.name, ns)
+
+    async def _pods(self, name: str | None = None) -> list[dict[str, Any]]:
+        core = await self._core()
+        sel = f"{mf.L_JOB}={name}" if name else f"app.kubernetes.io/managed-by={mf.MANAGED_BY}"
+        return (await self._list_pods(core, sel))["items"]
+
+    async def _list_pods(self, core: Any, sel: str) -> dict[str, Any]:
+        """A pod list as plain JSON dicts (what the watch events carry too); API errors raise."""
+        res = await core.list_namespaced_pod(self.namespace, label_selector=sel)
+        return (await self.api()).sanitize_for_serialization(res)
+
+    # ------------------------------------------------------------------ Backend
+    async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
+        spec = dataclasses.replace(
+            spec,
+            namespace=spec.namespace or self.namespace,
+            image=spec.image or self.settings.worker_image,
+        )
+        if not spec.image:
+            raise JobSpecError(
+                "no image for the job's pods: the server sets TFDIST_WORKER_IMAGE (ask your admin)"
+            )
+        self.namespace = spec.namespace or self.namespace
+        try:
+            if await self._pods(spec.name):
+                raise JobSpecError(
+                    f"a job named {spec.name!r} already exists in namespace {spec.namespace!r}: "
+                    f"pick another --name or `%tfdist stop {spec.name}`"
+                )
+        except TfdistError:
+            raise
+        except Exception as exc:
+            raise _translate(exc, "pods", spec.name, spec.namespace or "") from None
+        owner = self._owner()
+        token = secrets.token_urlsafe(32)
+        objs = mf.job_objects(
+            spec,
+            token=token,
+            owner=owner,
+            notebook_labels=self.notebook_labels,
+            node_selector=self.node_selector,
+            tolerations=self.tolerations,
+            service_account=None,
+            queue=self.settings.kueue_queue,
+        )
+        for obj in objs:
+            try:
+                await self._create(obj)
+            except Exception as exc:
+                err = _translate(exc, obj["kind"], obj["metadata"]["name"], spec.namespace or "")
+                await self.delete_all(spec.name, spec.namespace)  # all or nothing
+                raise err from None
+        self._jobs[spec.name] = _Job(spec=spec, payload=payload, token=token, created=time.time())
+
+    async def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
+        """Pod events (scheduling, task states) merged with the coordinator agent's (progress, metrics,
+        logs) once the coordinator pod has an address."""
+        view = await self.status(name)
+        yield {"type": "snapshot", "view": view.to_dict()}
+        if view.finished:
+            return
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pods() -> None:
+            async for ev in self._pod_events(name, view):
+                await q.put(ev)
+
+        async def agent(ip: str) -> None:
+            try:
+                async for ev in self._agent_events(name, ip):
+                    await q.put(ev)
+            except Exception as exc:
+                await q.put({"type": "log", "lines": [["tfdist", f"lost the coordinator's agent: {exc!r}"]]})
+
+        workers = [asyncio.ensure_future(pods())]
+        try:
+            while True:
+                ev = await q.get()
+                if ev["type"] == "_chief_ip":
+                    if name in self._jobs and len(workers) == 1:
+                        workers.append(asyncio.ensure_future(agent(ev["ip"])))
+                    continue
+                final = ev["type"] == "state" and ev["state"] in ("succeeded", "failed", "stopped")
+                # Delete before telling: a consumer may stop iterating at the final event. A success
+                # keeps the coordinator until fetch_result() has downloaded the results.
+                if final and (ev["state"] != "succeeded" or name not in self._agents):
+                    await self.delete_all(name)
+                yield ev
+                if final:
+                    return
+        finally:
+            for w in workers:
+                w.cancel()
+
+    async def _agent_events(self, name: str, ip: str) -> AsyncIterator[dict[str, Any]]:
+        job = self._jobs[name]
+        client = AgentClient(f"http://{ip}:{mf.AGENT_PORT}", job.token)
+        self._agents[name] = client
+        announced = False
+        while not await client.reachable():
+            if not announced:
+                yield {"type": "log", "lines": [["tfdist", f"waiting for the coordinator's agent at {ip}"]]}
+                announced = True
+            await asyncio.sleep(2)
+        await client.upload(job.payload)
+        async for ev in client.events():
+            yield ev
+
+    async def _pod_events(self, name: str, view: JobView) -> AsyncIterator[dict[str, Any]]:
+        from kubernetes_asyncio import watch
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        job = self._jobs.get(name)
+        core = await self._core()
+        sel = f"{mf.L_JOB}={name}"
+        tasks: dict[str, tuple[str, str]] = {}
+        deadline = (job.created if job else view.created) + (job.spec.timeout_s if job else 600)
+        started_all = False
+        replaced: dict[str, int] = {}
+        rv: str | None = None
+        while True:
+            if rv is None:  # (re)list: the current state, and where the watch resumes from
+                body = await self._list_pods(core, sel)
+                rv = body["metadata"]["resourceVersion"]
+                for ev in self._task_events(body["items"], tasks):
+                    yield ev
+                for pod in body["items"]:
+                    ip = (pod.get("status") or {}).get("podIP")
+                    if ip and pod["metadata"]["labels"].get(mf.L_TASK) == "chief-0":
+                        yield {"type": "_chief_ip", "ip": ip}
+                done = self._outcome(tasks, 0)
+                if done:  # it ended while nobody watched
+                    yield done
+                    return
+                if not started_all and self._servers_running(tasks):
+                    started_all = True
+                    yield {"type": "state", "state": "running", "message": "all tasks running"}
+            w = watch.Watch()
+            try:
+                async with asyncio.timeout(
+                    max(1.0, min(WATCH_TIMEOUT_S, deadline - time.time() + 1))
+                    if not started_all
+                    else WATCH_TIMEOUT_S
+                ):
+                    async for item in w.stream(
+                        core.list_namespaced_pod,
+                        self.namespace,
+                        label_selector=sel,
+                        resource_version=rv,
+                        timeout_seconds=WATCH_TIMEOUT_S,
+                        allow_watch_bookmarks=True,
+                        _preload_content=False,
+                    ):
+                        obj = item["raw_object"]
+                        rv = obj["metadata"].get("resourceVersion", rv)
+                        if item["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                            pods = [obj] if item["type"] != "DELETED" else []
+                            if item["type"] == "DELETED":
+                                tasks.pop(obj["metadata"]["labels"].get(mf.L_TASK, ""), None)
+                            for ev in self._task_events(pods, tasks):
+                                yield ev
+                                if (
+                                    ev["type"] == "task"
+                                    and ev["state"] == "failed"
+                                    and ev["task"].startswith("worker")
+                                ):
+                                    for rev in await self._replace_worker(name, ev["task"], replaced):
+                                        yield rev
+                        ip = (obj.get("status") or {}).get("podIP")
+                        if ip and obj["metadata"]["labels"].get(mf.L_TASK) == "chief-0":
+                            yield {"type": "_chief_ip", "ip": ip}
+                        done = self._outcome(tasks, view.total_tasks or (job.spec.task_count if job else 0))
+                        if done:
+                            yield done
+                            return
+                        if not started_all and self._servers_running(tasks):
+                            started_all = True
+                            yield {"type": "state", "state": "running", "message": "all tasks running"}
+                        if not started_all and time.time() > deadline:
+                            break
+            except TimeoutError:
+                pass
+            except ApiException as exc:
+                if exc.status == 410:  # too old: relist
+                    rv = None
+                    continue
+                await asyncio.sleep(1)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # connection dropped, API server restarting: resume from rv when it is back
+                await asyncio.sleep(1)
+            finally:
+                w.stop()
+            if not started_all and time.time() > deadline:
+                reasons = "; ".join(
+                    f"{t}: {m}" for t, (s, m) in sorted(tasks.items()) if s != "running" and m
+                )
+                limit = job.spec.timeout_s if job else 600
+                yield {
+                    "type": "state",
+                    "state": "failed",
+                    "t": time.time(),
+                    "message": f"not running within --timeout {limit:g}s; deleted. {reasons}".strip(),
+                    "error": {"type": "Unschedulable", "message": reasons, "traceback": ""},
+                }
+                return
+
+    async def _replace_worker(self, name: str, task: str, replaced: dict[str, int]) -> list[dict[str, Any]]:
+        """A failed worker pod is replaced (the TF coordinator re-sends its work); a PS or chief is not."""
+        job = self._jobs.get(name)
+        if job is None or replaced.get(task, 0) >= MAX_WORKER_REPLACEMENTS:
+            return []
+        replaced[task] = replaced.get(task, 0) + 1
+        core = await self._core()
+        pod = mf.task_pod(
+            job.spec,
+            task,
+            self._owner(),
+            node_selector=self.node_selector,
+            tolerations=self.tolerations,
+            queue=self.settings.kueue_queue,
+        )
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        with contextlib.suppress(ApiException):
+            await core.delete_namespaced_pod(pod["metadata"]["name"], self.namespace, grace_period_seconds=0)
+        for _ in range(100):  # the old pod must be gone before its name can be reused
+            try:
+                await core.read_namespaced_pod(pod["metadata"]["name"], self.namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    break
+            await asyncio.sleep(0.1)
+        await self._create(pod)
+        n = replaced[task]
+        return [
+            {"type": "task", "task": task, "state": "restarting", "restarts": n},
+            {
+                "type": "log",
+                "lines": [[task, f"tfdist: {task} pod failed; replaced ({n}/{MAX_WORKER_REPLACEMENTS})"]],
+            },
+        ]
+
+    def _owner(self) -> dict[str, Any] | None:
+        if self.settings.pod_name and self.settings.pod_uid:
+            return mf.owner_reference(self.settings.pod_name, self.settings.pod_uid)
+        return None
+
+    @staticmethod
+    def _servers_running(tasks: dict[str, tuple[str, str]]) -> bool:
+        return bool(tasks) and all(s[0] in ("running", "exited-ok") for s in tasks.values())
+
+    @staticmethod
+    def _outcome(tasks: dict[str, tuple[str, str]], total: int) -> dict[str, Any] | None:
+        chief = tasks.get("chief-0")
+        if chief and chief[0] == "exited-ok":
+            return {"type": "state", "state": "succeeded", "message": "finished", "t": time.time()}
+        failed = {t: m for t, (s, m) in tasks.items() if s == "failed" and not t.startswith("worker")}
+        if failed or (chief and chief[0] == "failed"):
+            why = "; ".join(f"{t}: {m}" for t, m in sorted(failed.items()))
+            return {
+                "type": "state",
+                "state": "failed",
+                "message": why or "the coordinator failed",
+                "t": time.time(),
+                "error": {"type": "PodFailed", "message": why, "traceback": ""},
+            }
+        return None
+
+    @staticmethod
+    def _task_events(pods: list[dict[str, Any]], tasks: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+        out = []
+        for pod in pods:
+            task = pod["metadata"].get("labels", {}).get(mf.L_TASK)
+            if not task:
+                continue
+            st = pod_task_state(pod)
+            if tasks.get(task) == st:
+                continue
+            tasks[task] = st
+            out.append(
+                {
+                    "type": "task",
+                    "task": task,
+                    "state": st[0],
+                    "node": (pod.get("spec") or {}).get("nodeName"),
+                }
+            )
+            if st[1] and st[0] in ("unschedulable", "image-error", "failed"):
+                out.append({"type": "state", "state": "starting", "message": f"{task}: {st[1]}"})
+                out.append({"type": "log", "lines": [[task, st[1]]]})
+        return out
+
+    async def stop(self, name: str) -> bool:
+        pods = await self._pods(name)
+        await self.delete_all(name)
+        self._jobs.pop(name, None)
+        return bool(pods)
+
+    async def status(self, name: str) -> JobView:
+        pods = await self._pods(name)
+        job = self._jobs.get(name)
+        if not pods and job is None:
+            raise KeyError(name)
+        spec = job.spec if job else None
+        for p in pods:
+            ann = (p["metadata"].get("annotations") or {}).get(mf.A_SPEC)
+            if ann:
+                spec = JobSpec.from_json(ann)
+        view = JobView(
+            name=name,
+            backend="kubernetes",
+            user=spec.user if spec else "",
+            total_tasks=spec.task_count if spec else len(pods),
+            spec=json.loads(spec.to_json()) if spec else {},
+        )
+        if job:
+            view.created = job.created
+        tasks: dict[str, tuple[str, str]] = {}
+        for ev in self._task_events(pods, tasks):
+            view.apply(ev)
+        if not pods:
+            view.state, view.message = "stopped", "no objects left"
+        elif self._servers_running(tasks):
+            view.state, view.message = "running", "all tasks running"
+        else:
+            view.state = "starting"
+        return view
+
+    async def list_jobs(self) -> list[dict[str, Any]]:
+        names = sorted({p["metadata"]["labels"][mf.L_JOB] for p in await self._pods()})
+        return [(await self.status(n)).summary() for n in names]
+
+    async def logs(self, name: str, task: str | None = None) -> dict[str, str]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        core = await self._core()
+        out = {}
+        pods = await self._pods(name)
+        if not pods:
+            raise KeyError(name)
+        for p in pods:
+            t = p["metadata"]["labels"].get(mf.L_TASK, p["metadata"]["name"])
+            if task and t != task:
+                continue
+            try:
+                out[t] = await core.read_namespaced_pod_log(p["metadata"]["name"], self.namespace)
+            except ApiException as exc:
+                out[t] = f"(no log: {exc.reason})"
+        return out
+
+    async def fetch_result(self, name: str) -> bytes | None:
+        """Download the results from the coordinator's agent, release it, and delete the job's objects."""
+        client = self._agents.pop(name, None)
+        try:
+            if client is None:
+                return None
+            data = await client.result()
+            with contextlib.suppress(Exception):
+                await client.done()
+            return data
+        finally:
+            await self.delete_all(name)
+            self._jobs.pop(name, None)
+
+    async def close(self) -> None:
+        for name in list(self._jobs):
+            with contextlib.suppress(Exception):
+                await self.delete_all(name)
+        self._jobs.clear()
+        if self._api is not None:
+            await self._api.close()
+            self._api = None

@@ -1,0 +1,1 @@
+"""Kubernetes pieces of a job: pure manifest builders (manifests) and the API I/O that applies them."""

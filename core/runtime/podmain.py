@@ -1,0 +1,139 @@
+"""What a job's pod runs: `python -m tfdist.runtime.podmain chief|worker|ps`.
+
+chief: the agent (tfdist.runtime.agent) plus the coordinator (tfdist.runtime.coordinator, the same code
+the local backend runs), exiting once the notebook has its results. worker/ps: the TF server
+(tfdist.runtime.task) plus a sampler that posts this pod's CPU, memory and GPU use to the agent; the pod
+exits when the coordinator has finished or its agent has been gone for a while, so PS pods never linger
+holding resources (TFJob's PS pods do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from . import events as wire
+
+AGENT_PORT_ENV = "TFDIST_AGENT_PORT"
+RESULT_WAIT_S = 600.0  # how long results wait for the notebook before the pod gives up
+ORPHAN_AFTER_S = 30.0  # a server whose agent is unreachable this long ends itself
+
+
+def run_chief() -> int:
+    from .agent import AgentState, serve, wait_until
+
+    token = os.environ["TFDIST_TOKEN"]
+    port = int(os.environ.get(AGENT_PORT_ENV, "8470"))
+    jobdir = tempfile.mkdtemp(prefix="tfdist-job-")
+    state = AgentState(jobdir, token)
+    srv = serve(state, port)
+    print(f"tfdist: agent listening on :{port}", flush=True)
+    state.log.add({"type": "progress", "phase": "waiting for the payload"})
+    if not wait_until(state.payload_ready.is_set, float(os.environ.get("TFDIST_PAYLOAD_WAIT_S", "600"))):
+        print("tfdist: no payload arrived; giving up", flush=True)
+        return 3
+    r, w = os.pipe()
+    env = dict(os.environ, TFDIST_EVENTS_FD=str(w))
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir], env=env, pass_fds=(w,)
+    )
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        for line in pipe:
+            try:
+                state.log.add(wire.loads(line))
+            except ValueError:
+                continue
+    code = proc.wait()
+    err = None
+    if code != 0:
+        try:
+            with open(os.path.join(jobdir, "error.json")) as f:
+                err = json.load(f)
+        except (OSError, ValueError):
+            err = {"type": "CoordinatorExit", "message": f"exit code {code}", "traceback": ""}
+    done = {
+        "type": "state",
+        "state": "succeeded" if code == 0 else "failed",
+        "t": time.time(),
+        "message": "finished" if code == 0 else f"{err['type']}: {err['message'][:300]}",
+    }
+    if err:
+        done["error"] = err
+    state.finished.set()
+    state.log.add(done)
+    wait_until(state.delivered.is_set, RESULT_WAIT_S if code == 0 else 60.0)
+    srv.shutdown()
+    return code
+
+
+def _post(url: str, token: str, body: bytes, timeout: float = 5.0) -> None:
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Authorization": f"Bearer {token}"})
+    urllib.request.urlopen(req, timeout=timeout).read()
+
+
+def _healthy(url: str) -> bool | None:
+    """True: agent up and job running; False: job finished; None: agent unreachable."""
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=3) as r:
+            return not json.loads(r.read())["finished"]
+    except Exception:
+        return None
+
+
+def run_server(role: str) -> int:
+    from ..sampler import TaskProcess, TaskSampler
+
+    url = os.environ.get("TFDIST_AGENT_URL", "")
+    token = os.environ.get("TFDIST_TOKEN", "")
+    task = os.environ.get("TFDIST_TASK", role)
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "tfdist.runtime.task"])
+    gpus = [int(g) for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip().isdigit()]
+    sampler = TaskSampler()
+    sampler.track(TaskProcess(task, proc.pid, gpus))
+    last_ok = time.time()
+    seen = False
+    while proc.poll() is None:
+        time.sleep(1.0)
+        if not url:
+            continue
+        health = _healthy(url)
+        if health is False:  # the coordinator finished: this server's work is done
+            break
+        if health is None:
+            if seen and time.time() - last_ok > ORPHAN_AFTER_S:
+                print(f"tfdist: agent unreachable for {ORPHAN_AFTER_S:.0f}s; ending {task}", flush=True)
+                break
+            continue
+        seen, last_ok = True, time.time()
+        try:
+            _post(url + "/metrics", token, wire.dumps(sampler.sample()))
+        except Exception:
+            pass
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        return 0
+    return proc.returncode or 0
+
+
+def main() -> int:
+    role = sys.argv[1] if len(sys.argv) > 1 else ""
+    if role == "chief":
+        return run_chief()
+    if role in ("worker", "ps"):
+        return run_server(role)
+    print("usage: python -m tfdist.runtime.podmain chief|worker|ps", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

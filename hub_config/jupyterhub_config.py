@@ -1,0 +1,40 @@
+"""JupyterHub config for the Kubernetes hub with the tfdist GPU spawn form.
+
+Use it as the hub's config file (``jupyterhub -f hub_config/jupyterhub_config.py``) or paste the part
+below the marker into z2jh's ``hub.extraConfig`` (hub_config/values.yaml does that). Settings come from
+the environment so one file serves every deployment:
+
+  TFDIST_PROFILES        the profiles YAML (default: profiles.yaml next to this file)
+  TFDIST_WORKER_IMAGE    image of %%tfdist worker pods (default: the notebook's own image)
+  TFDIST_NOTEBOOK_SA     service account of notebook pods (RBAC: hub_config/rbac-notebook.yaml)
+
+A broken profiles file stops the hub here with "file: key: reason" lines (exit status 2).
+"""
+
+import os
+
+from tfdist.spawner.profiles import load_profiles_or_exit
+
+c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
+
+# ---- tfdist (z2jh: hub.extraConfig) ------------------------------------------------------------------
+PROFILES = os.environ.get("TFDIST_PROFILES") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "profiles.yaml"
+)
+load_profiles_or_exit(PROFILES)
+
+c.JupyterHub.spawner_class = "tfdist.spawner.kube.TfdistKubeSpawner"
+c.TfdistKubeSpawner.profiles_file = PROFILES
+c.TfdistKubeSpawner.worker_image = os.environ.get("TFDIST_WORKER_IMAGE", "")
+c.TfdistKubeSpawner.service_account = os.environ.get("TFDIST_NOTEBOOK_SA", "tfdist-notebook")
+# free GPUs per model in the form: one cluster-wide node+pod watch (RBAC: rbac-hub-gpu-view.yaml)
+c.TfdistKubeSpawner.gpu_availability_enabled = True
+# kubespawner's own profile_list stays empty: the tfdist form replaces it
+c.KubeSpawner.profile_list = []
+# named servers: the per-user GPU cap counts GPUs across all of a user's servers
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = 3
+# bad spawn input is a 400 ("handled rejection"), so this counts only real spawn failures
+c.JupyterHub.consecutive_failure_limit = 5
+# GPU images are large: give the first pull time
+c.KubeSpawner.start_timeout = 600

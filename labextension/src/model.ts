@@ -1,0 +1,238 @@
+/**
+ * The panel's state, free of JupyterLab imports so it can be unit-tested in node.
+ * Fetching is injected (`JobsApi`); polling uses @lumino/polling with 'when-hidden' standby, so a
+ * hidden tab stops asking and the server's one sampler goes idle.
+ */
+import { Poll } from '@lumino/polling';
+
+export interface IGpuSample {
+  index: number;
+  name?: string;
+  'util (%)': number | null;
+  'mem_used (MiB)': number | null;
+  'mem_total (MiB)': number | null;
+}
+
+export interface IServerSample {
+  t: number;
+  'cpu (%)': number;
+  'mem (%)': number;
+  gpus: IGpuSample[];
+}
+
+export interface IGpuStatus {
+  gpu_count: number;
+  gpus: { index: number; name: string }[];
+  cpu_count: number;
+  interval_s: number;
+  samples: IServerSample[];
+}
+
+export interface IJobSummary {
+  name: string;
+  user: string;
+  backend: string;
+  state: string;
+  message: string;
+  created: number;
+  ended: number | null;
+  tasks_started: number;
+  tasks_total: number;
+  epoch: number;
+  epochs: number | null;
+  gpu_util: number[];
+  cpu_total: number;
+}
+
+export interface ITaskSample {
+  'cpu (%)': number | null;
+  'rss (MiB)': number | null;
+  gpus: IGpuSample[];
+}
+
+export interface IJobDetail {
+  name: string;
+  user: string;
+  state: string;
+  message: string;
+  tasks: { [task: string]: { state: string; restarts: number; gpus: unknown[] } };
+  metrics: { t: number; tasks: { [task: string]: ITaskSample } }[];
+  logs: { [task: string]: string[] };
+  summary: IJobSummary;
+}
+
+export interface IJobsApi {
+  listJobs(): Promise<{ user: string; jobs: IJobSummary[] }>;
+  getJob(name: string): Promise<IJobDetail>;
+  stopJob(name: string): Promise<{ name: string; stopped: boolean; state: string }>;
+  getGpus(): Promise<IGpuStatus>;
+}
+
+export const TERMINAL = ['succeeded', 'failed', 'stopped'];
+const HISTORY = 120;
+
+/** A series for a sparkline: one value per sample, null where unknown. */
+export type Series = (number | null)[];
+
+export class JobsModel {
+  jobs: IJobSummary[] = [];
+  /** Per job name: the history of its summary's utilization (one value per poll), for the list sparkline. */
+  history = new Map<string, Series>();
+  selected: string | null = null;
+  detail: IJobDetail | null = null;
+  error: string | null = null;
+  stopping = new Set<string>();
+  private _listeners = new Set<() => void>();
+
+  constructor(readonly api: IJobsApi) {}
+
+  onChange(fn: () => void): () => void {
+    this._listeners.add(fn);
+    return () => this._listeners.delete(fn);
+  }
+
+  private _emit(): void {
+    for (const fn of this._listeners) {
+      fn();
+    }
+  }
+
+  /** Fold a fresh job list into the state (pure apart from the change signal). */
+  setJobs(jobs: IJobSummary[]): void {
+    this.jobs = jobs;
+    const seen = new Set<string>();
+    for (const j of jobs) {
+      seen.add(j.name);
+      const s = this.history.get(j.name) ?? [];
+      s.push(jobUtil(j));
+      if (s.length > HISTORY) {
+        s.splice(0, s.length - HISTORY);
+      }
+      this.history.set(j.name, s);
+    }
+    for (const name of [...this.history.keys()]) {
+      if (!seen.has(name)) {
+        this.history.delete(name);
+      }
+    }
+    if (this.selected !== null && !seen.has(this.selected)) {
+      this.selected = null;
+      this.detail = null;
+    }
+    this._emit();
+  }
+
+  select(name: string | null): void {
+    this.selected = name;
+    this.detail = null;
+    this._emit();
+  }
+
+  setDetail(detail: IJobDetail | null): void {
+    if (detail === null || detail.name === this.selected) {
+      this.detail = detail;
+      this._emit();
+    }
+  }
+
+  setError(msg: string | null): void {
+    if (msg !== this.error) {
+      this.error = msg;
+      this._emit();
+    }
+  }
+
+  /** One poll tick: the list, and the open job's view. */
+  async refresh(): Promise<void> {
+    try {
+      const r = await this.api.listJobs();
+      this.setJobs(r.jobs);
+      if (this.selected !== null) {
+        this.setDetail(await this.api.getJob(this.selected));
+      }
+      this.setError(null);
+    } catch (e) {
+      this.setError(String((e as Error)?.message ?? e));
+      throw e;
+    }
+  }
+
+  async stop(name: string): Promise<void> {
+    this.stopping.add(name);
+    this._emit();
+    try {
+      await this.api.stopJob(name);
+    } finally {
+      this.stopping.delete(name);
+    }
+    await this.refresh().catch(() => undefined);
+  }
+
+  /** A Poll at `interval` ms that backs off on errors and stands by while the page is hidden. */
+  startPolling(interval = 1000): Poll {
+    const poll = new Poll({
+      auto: true,
+      factory: () => this.refresh(),
+      frequency: { interval, backoff: true, max: 30 * 1000 },
+      name: 'tfdist:jobs',
+      standby: 'when-hidden'
+    });
+    return poll;
+  }
+}
+
+/** The single number a job's list sparkline plots: mean GPU util if it has GPUs, else total CPU. */
+export function jobUtil(j: IJobSummary): number | null {
+  if (j.gpu_util && j.gpu_util.length > 0) {
+    return j.gpu_util.reduce((a, b) => a + b, 0) / j.gpu_util.length;
+  }
+  return typeof j.cpu_total === 'number' ? j.cpu_total : null;
+}
+
+/** Per task and per GPU (or CPU when a task has none): the series a job view charts. */
+export function taskSeries(detail: IJobDetail): Map<string, Map<string, Series>> {
+  const out = new Map<string, Map<string, Series>>();
+  detail.metrics.forEach((m, i) => {
+    for (const [task, rec] of Object.entries(m.tasks)) {
+      let byDev = out.get(task);
+      if (!byDev) {
+        byDev = new Map();
+        out.set(task, byDev);
+      }
+      const put = (key: string, v: number | null) => {
+        let s = byDev!.get(key);
+        if (!s) {
+          s = new Array(i).fill(null);
+          byDev!.set(key, s);
+        }
+        while (s.length < i) {
+          s.push(null);
+        }
+        s.push(v);
+      };
+      if (rec.gpus && rec.gpus.length > 0) {
+        for (const g of rec.gpus) {
+          put(`GPU ${g.index}`, g['util (%)']);
+        }
+      } else {
+        put('CPU', rec['cpu (%)']);
+      }
+    }
+  });
+  return out;
+}
+
+/** The status bar's text: GPU count + mean utilization, or CPU when this server has no GPU. */
+export function statusText(s: IGpuStatus | null): string {
+  if (!s) {
+    return 'tfdist: …';
+  }
+  const last = s.samples.length ? s.samples[s.samples.length - 1] : null;
+  if (s.gpu_count > 0) {
+    const utils = (last?.gpus ?? []).map(g => g['util (%)']).filter((v): v is number => v !== null);
+    const mean = utils.length ? Math.round(utils.reduce((a, b) => a + b, 0) / utils.length) : null;
+    return `${s.gpu_count} GPU${s.gpu_count > 1 ? 's' : ''}: ${mean === null ? '–' : mean + '%'}`;
+  }
+  const cpu = last ? Math.round(last['cpu (%)']) : null;
+  return `CPU: ${cpu === null ? '–' : cpu + '%'}`;
+}

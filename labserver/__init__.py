@@ -1,0 +1,27 @@
+"""The Jupyter server side of the lab panel: REST routes under `{base_url}/tfdist/api/`.
+
+Kept apart from `tfdist` itself so that the kernel never imports tornado or jupyter_server;
+`tfdist._jupyter_server_extension_points` only names this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .handlers import setup_route_handlers
+
+LAB_EXTENSION_NAME = "jupyter-tfdist"
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the prebuilt lab extension lies inside the installed package (for `jupyter labextension`)."""
+    return [{"src": "labextension", "dest": LAB_EXTENSION_NAME}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    """Mount the routes and make the one sampler this server shares between all tabs."""
+    setup_route_handlers(serverapp)
+    serverapp.log.info("tfdist: jobs panel routes mounted under %s", "tfdist/api/")
+
+
+load_jupyter_server_extension = _load_jupyter_server_extension  # the pre-2.0 name

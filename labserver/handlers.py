@@ -1,0 +1,133 @@
+"""Thin REST handlers over the backend interface (`tfdist.backends.base.Backend`).
+
+Ownership is checked here, on every route: a job whose `JobView.user` is not this server's user is
+answered exactly like a job that does not exist (404), so its name does not leak either.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+from ..backends import Backend, get_backend
+from ..settings import Settings, from_environ
+from .sampler import ServerSampler
+
+NAMESPACE = "tfdist"
+LOG_TAIL = 200  # lines per task in a job's view
+METRICS_TAIL = 120  # utilization samples in a job's view
+
+
+class LabState:
+    """What the handlers share for the server's lifetime: settings, one backend, one sampler."""
+
+    def __init__(
+        self, settings: Settings, backend: Backend | None = None, sampler: ServerSampler | None = None
+    ):
+        self.settings = settings
+        self._backend = backend
+        self.sampler = sampler or ServerSampler()
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:  # created on first use: a broken k8s config must not stop the server
+            self._backend = get_backend(self.settings.backend, self.settings)
+        return self._backend
+
+    def owns(self, user: str | None) -> bool:
+        return (user or "") == self.settings.user
+
+
+def valid_name(name: str) -> bool:
+    """Names become paths in the local backend: refuse anything that could leave the state directory."""
+    return (
+        bool(name) and "/" not in name and "\0" not in name and not name.startswith(".") and len(name) < 256
+    )
+
+
+class BaseHandler(APIHandler):
+    @property
+    def tfdist(self) -> LabState:
+        return self.settings["tfdist"]
+
+    def write_json(self, data: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data, default=str))
+
+    async def own_view(self, name: str):  # -> JobView, 404 if missing or not the user's
+        if not valid_name(name):
+            raise tornado.web.HTTPError(404, "no such job")
+        try:
+            view = await self.tfdist.backend.status(name)
+        except KeyError:
+            raise tornado.web.HTTPError(404, "no such job") from None
+        if not self.tfdist.owns(view.user):
+            raise tornado.web.HTTPError(404, "no such job")
+        return view
+
+
+class JobsHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        jobs = await self.tfdist.backend.list_jobs()
+        self.write_json(
+            {"user": self.tfdist.settings.user, "jobs": [j for j in jobs if self.tfdist.owns(j.get("user"))]}
+        )
+
+
+class JobHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def get(self, name: str) -> None:
+        view = await self.own_view(name)
+        d = view.to_dict()
+        d["metrics"] = d["metrics"][-METRICS_TAIL:]
+        d["summary"] = view.summary()
+        logs: dict[str, list[str]] = {}
+        for task, line in view.logs:
+            logs.setdefault(task, []).append(line)
+        if not logs:  # the supervisor is gone: read the files it left
+            try:
+                full = await self.tfdist.backend.logs(name)
+            except (KeyError, OSError):
+                full = {}
+            logs = {t: text.splitlines()[-LOG_TAIL:] for t, text in full.items()}
+        d["logs"] = {t: lines[-LOG_TAIL:] for t, lines in logs.items()}
+        self.write_json(d)
+
+
+class StopHandler(BaseHandler):
+    @tornado.web.authenticated
+    async def post(self, name: str) -> None:
+        view = await self.own_view(name)
+        stopped = await self.tfdist.backend.stop(name)
+        after = await self.tfdist.backend.status(name)
+        self.log.info("tfdist: %s stopped job %s (was %s)", self.tfdist.settings.user, name, view.state)
+        self.write_json({"name": name, "stopped": stopped, "state": after.state})
+
+
+class GpusHandler(BaseHandler):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        self.write_json(self.tfdist.sampler.snapshot())
+
+
+def setup_route_handlers(serverapp: Any, state: LabState | None = None) -> LabState:
+    web_app = serverapp.web_app
+    state = state or LabState(from_environ())
+    web_app.settings["tfdist"] = state
+    base = url_path_join(web_app.settings["base_url"], NAMESPACE, "api")
+    name = r"(?P<name>[^/]+)"
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "jobs"), JobsHandler),
+            (url_path_join(base, "jobs", name), JobHandler),
+            (url_path_join(base, "jobs", name, "stop"), StopHandler),
+            (url_path_join(base, "gpus"), GpusHandler),
+        ],
+    )
+    return state

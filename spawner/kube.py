@@ -1,0 +1,134 @@
+"""The Kubernetes spawner: the tfdist GPU form on KubeSpawner.
+
+What a valid choice becomes (`apply_choice`): ``cpu_guarantee``/``cpu_limit`` (floats, limit = choice x the
+profile's limit_factor), ``mem_guarantee``/``mem_limit`` (int bytes: JupyterHub's ByteSpecification rejects
+"4Gi"), ``extra_resource_limits``/``extra_resource_guarantees`` with the model's GPU resource (equal, as
+Kubernetes requires for extended resources), the model's node selector and tolerations on top of the
+admin's base ones, and the image. Every spawn starts again from the admin's base values, so one spawn's GPU
+request or node selector never sticks to the next (kubespawner#546, #691). The environment gives
+``%%tfdist`` its defaults (tfdist.settings), the pod's own name/UID through the downward API.
+
+kubespawner's own ``profile_list`` is not used; `load_user_options` is a no-op because validation and
+application already happened in ``apply_user_options`` (which, unlike kubespawner's, answers bad REST input
+with a 400 instead of a KeyError/500).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubespawner import KubeSpawner
+from traitlets import Bool, Unicode
+
+from tfdist import settings
+
+from .allocator import ModelAvailability
+from .availability import ClusterGpuView
+from .base import GpuFormMixin
+from .profiles import Profile, ProfilesConfig
+from .validation import Choice
+
+__all__ = ["TfdistKubeSpawner", "shared_gpu_view"]
+
+_view: ClusterGpuView | None = None
+
+
+def shared_gpu_view() -> ClusterGpuView:
+    """The hub's one cluster view (started on first use, on the hub's event loop)."""
+    global _view
+    if _view is None:
+        from kubespawner.clients import shared_client
+
+        _view = ClusterGpuView(shared_client("CoreV1Api"))
+        _view.start()
+    return _view
+
+
+class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
+    """KubeSpawner with the tfdist profiles form, strict validation and live GPU availability."""
+
+    worker_image = Unicode(
+        "",
+        config=True,
+        help="Image of %%tfdist parameter-server/worker pods (TFDIST_WORKER_IMAGE); default: the server's.",
+    )
+    gpu_availability_enabled = Bool(
+        True,
+        config=True,
+        help="""Watch nodes and pods (cluster-wide list/watch RBAC for the hub) to show free GPUs per model,
+        and refuse requests that cannot fit now. Off: the form says availability is unknown.""",
+    )
+
+    _tfdist_base: dict[str, Any] | None = None
+
+    async def gpu_availability(self) -> dict[str, ModelAvailability] | None:
+        if not self.gpu_availability_enabled:
+            return None
+        return shared_gpu_view().availability(self.tfdist_profiles().gpu_models)
+
+    async def load_user_options(self) -> None:
+        """Nothing left to do: `apply_user_options` validated and applied the choice."""
+        await self.tfdist_ensure_applied()
+
+    def _base(self) -> dict[str, Any]:
+        if self._tfdist_base is None:
+            tol = self.tolerations
+            self._tfdist_base = {
+                "extra_resource_limits": dict(self.extra_resource_limits),
+                "extra_resource_guarantees": dict(self.extra_resource_guarantees),
+                "node_selector": dict(self.node_selector),
+                "tolerations": [tol[k] for k in sorted(tol)] if isinstance(tol, dict) else list(tol),
+            }
+        return self._tfdist_base
+
+    def apply_choice(self, choice: Choice, profile: Profile, cfg: ProfilesConfig) -> None:
+        base = self._base()
+        gpu_resources = {m.resource for m in cfg.gpu_models.values()}
+        self.cpu_guarantee = choice.cpu
+        self.cpu_limit = round(choice.cpu * profile.cpu.limit_factor, 3)
+        self.mem_guarantee = choice.memory_bytes
+        self.mem_limit = int(choice.memory_bytes * profile.memory_gib.limit_factor)
+        limits = {k: v for k, v in base["extra_resource_limits"].items() if k not in gpu_resources}
+        guarantees = {k: v for k, v in base["extra_resource_guarantees"].items() if k not in gpu_resources}
+        node_selector = dict(base["node_selector"])
+        tolerations = list(base["tolerations"])
+        if choice.gpus and choice.gpu_model:
+            model = cfg.gpu_models[choice.gpu_model]
+            limits[model.resource] = str(choice.gpus)
+            guarantees[model.resource] = str(choice.gpus)
+            node_selector.update(model.node_selector)
+            tolerations += [t.as_k8s() for t in model.tolerations if t.as_k8s() not in tolerations]
+        self.extra_resource_limits = limits
+        self.extra_resource_guarantees = guarantees
+        self.node_selector = node_selector
+        self.tolerations = tolerations
+        self.image = choice.image
+
+    def get_env(self) -> dict[str, Any]:
+        env: dict[str, Any] = super().get_env()
+        choice = self.tfdist_choice
+        env[settings.ENV_BACKEND] = "kubernetes"
+        env[settings.ENV_NAMESPACE] = self.namespace
+        env[settings.ENV_WORKER_IMAGE] = self.worker_image or self.image
+        env[settings.ENV_SERVICE_ACCOUNT] = self.service_account or "default"
+        env[settings.ENV_USER] = self.user.name
+        env[settings.ENV_POD_NAME] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+        env[settings.ENV_POD_UID] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
+        gpus = choice.gpus if choice is not None else 0
+        env[settings.ENV_GPUS] = str(gpus)
+        if choice is not None and choice.gpu_model:
+            env[settings.ENV_GPU_MODEL] = choice.gpu_model
+            # %%tfdist puts its GPU workers on the same model as this server
+            model = self.tfdist_profiles().gpu_models[choice.gpu_model]
+            env[settings.ENV_GPU_NODE_SELECTOR] = json.dumps(model.node_selector)
+            env[settings.ENV_GPU_TOLERATIONS] = json.dumps([t.as_k8s() for t in model.tolerations])
+        if choice is not None:
+            profile = self.tfdist_profiles().profile(choice.profile)
+            if profile is not None and profile.kueue_queue:
+                env[settings.ENV_KUEUE_QUEUE] = profile.kueue_queue
+        if gpus == 0:
+            # with the NVIDIA runtime as the node default, a CUDA image (NVIDIA_VISIBLE_DEVICES=all) would
+            # otherwise see every GPU of the node without having requested one
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        return env

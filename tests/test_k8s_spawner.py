@@ -1,0 +1,429 @@
+"""The Kubernetes spawner against the real local control plane (tests/kube_plane.py): issue 4, section 3.
+
+- ClusterGpuView: free GPUs per model = nodes' allocatable minus GPU requests of bound, live pods, kept
+  current by one list + one watch per kind; a form render never calls the API server.
+- TfdistKubeSpawner (real KubeSpawner start/progress/stop): the real scheduler places a 2 x H100 spawn
+  on an H100 kwok node (kwok makes it Running with a pod IP, which is all KubeSpawner.start waits for);
+  a spawn that fits no node stays Pending and its progress shows the scheduler's message.
+- hub_config/rbac-notebook.yaml, exercised with the service account's own token: the %%tfdist
+  Kubernetes backend's objects can be created, watched and deleted in its namespace, nothing elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if "tests.k8s_fixtures" not in sys.modules:  # tests/conftest.py imports them; standalone runs need this
+    from tests.k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).parent / "doubles"))
+from hub_objects import FakeGroup, FakeHub, FakeHubUser
+
+pytestmark = pytest.mark.k8s
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILES = REPO / "hub_config" / "profiles.yaml"
+RBAC_NOTEBOOK = REPO / "hub_config" / "rbac-notebook.yaml"
+H100 = "NVIDIA-H100-80GB-HBM3"
+A100_80 = "NVIDIA-A100-SXM4-80GB"
+PRODUCT = "nvidia.com/gpu.product"
+GPU = "nvidia.com/gpu"
+IMAGE = "quay.io/jupyter/tensorflow-notebook:cuda-2026-06-01"
+
+
+async def wait_for(what: str, probe: Any, timeout: float = 30.0, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def gpu_pod(name: str, gpus: int, *, model: str | None = None, node: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {"name": "main", "image": "example.invalid/x:1", "resources": {"limits": {GPU: str(gpus)}}}
+        ],
+    }
+    if model:
+        spec["nodeSelector"] = {PRODUCT: model}
+    if node:
+        spec["nodeName"] = node  # bypasses the scheduler: kwok runs it there
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+async def expected_gpus(core: Any, product: str) -> tuple[int, int]:
+    """(free, total) computed independently, straight from the API: allocatable minus requests."""
+    nodes = [n for n in (await core.list_node()).items if (n.metadata.labels or {}).get(PRODUCT) == product]
+    total = sum(int(n.status.allocatable.get(GPU, 0)) for n in nodes)
+    names = {n.metadata.name for n in nodes}
+    used = 0
+    for p in (await core.list_pod_for_all_namespaces()).items:
+        if p.spec.node_name in names and p.status.phase not in ("Succeeded", "Failed"):
+            for c in p.spec.containers:
+                res = c.resources
+                req = (res.requests or {}) if res else {}
+                lim = (res.limits or {}) if res else {}
+                used += int(req.get(GPU, lim.get(GPU, 0)))
+    return total - used, total
+
+
+class CountingCoreV1:
+    """A CoreV1Api whose list_* calls are counted, split into plain lists and watches (watch=True)."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self.lists: Counter[str] = Counter()
+        self.watches: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._core, name)
+        if not name.startswith("list_"):
+            return fn
+
+        @functools.wraps(fn)  # kubernetes_asyncio's Watch reads the return type from the docstring
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            (self.watches if kwargs.get("watch") else self.lists)[name] += 1
+            return await fn(*args, **kwargs)
+
+        return call
+
+
+def models() -> dict[str, Any]:
+    from tfdist.spawner.profiles import GpuModel, load_profiles
+
+    out = dict(load_profiles(PROFILES).gpu_models)
+    # hub_config's a100 is the 40 GB part; the plane's A100 nodes are 80 GB
+    out["a100-80"] = GpuModel(display_name="A100 80GB", node_selector={PRODUCT: A100_80})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- 1. the view
+
+
+async def test_gpu_view_is_watch_fed_allocatable_minus_requested(k8s_plane, k8s_api, k8s_namespace):
+    from kubernetes_asyncio import client
+
+    from tfdist.spawner.availability import ClusterGpuView
+
+    core = client.CoreV1Api(k8s_api)
+    counting = CountingCoreV1(core)
+    # 1 s watches: the server ends each one quickly, and the view must resume it without listing again
+    view = ClusterGpuView(counting, watch_timeout=1)
+    ms = models()
+    view.start()
+    try:
+        await wait_for("view loaded", lambda: view.loaded)
+        h_free, h_total = await expected_gpus(core, H100)
+        av = view.availability(ms)
+        assert (av["h100"].free, av["h100"].total) == (h_free, h_total)
+        assert h_total >= 16
+        a_free, a_total = await expected_gpus(core, A100_80)
+        assert (av["a100-80"].free, av["a100-80"].total) == (a_free, a_total) and a_total >= 8
+        assert av["a100"].total == 0  # no A100 40GB nodes in this cluster
+
+        await core.create_namespaced_pod(k8s_namespace, gpu_pod("three", 3, model=H100))
+        await wait_for("view: 3 H100 GPUs fewer", lambda: view.availability(ms)["h100"].free == h_free - 3)
+        assert (await expected_gpus(core, H100))[0] == h_free - 3
+        pod = await core.read_namespaced_pod("three", k8s_namespace)
+        assert (await core.read_node(pod.spec.node_name)).metadata.labels[PRODUCT] == H100
+        # many form renders between two cluster changes: the same cached result, no API call
+        first = view.availability(ms)
+        assert all(view.availability(ms) is first for _ in range(100))
+
+        await core.delete_namespaced_pod("three", k8s_namespace, grace_period_seconds=0)
+        await wait_for("view: the 3 GPUs back", lambda: view.availability(ms)["h100"].free == h_free)
+        await wait_for("resumed watches", lambda: min(counting.watches.values(), default=0) >= 3, timeout=10)
+        # every change above came through the watches: exactly one list per kind, ever
+        assert counting.lists == Counter({"list_node": 1, "list_pod_for_all_namespaces": 1}), counting.lists
+        assert set(counting.watches) == {"list_node", "list_pod_for_all_namespaces"}
+    finally:
+        await view.stop()
+
+
+# ------------------------------------------------------------------------------------------ 2. the spawner
+
+
+@pytest.fixture
+def plane_kubeconfig(k8s_plane, monkeypatch):
+    """Point KubeSpawner's global client configuration at the plane; restore it afterwards."""
+    import kubernetes_asyncio.config.kube_config as kc
+    from kubernetes_asyncio.client import Configuration
+    from kubespawner.clients import load_config
+
+    saved = Configuration.get_default_copy()
+    monkeypatch.setenv("KUBECONFIG", k8s_plane.kubeconfig)
+    monkeypatch.setattr(kc, "KUBE_CONFIG_DEFAULT_LOCATION", k8s_plane.kubeconfig)
+    load_config.cache_clear()  # lru_cached: another test may have loaded a different kubeconfig
+    yield
+    load_config.cache_clear()
+    Configuration.set_default(saved)
+
+
+def apply_notebook_rbac(k8s_plane, namespace: str) -> None:
+    k8s_plane.kubectl("-n", namespace, "apply", "-f", str(RBAC_NOTEBOOK))
+
+
+def make_spawner(name: str, namespace: str) -> Any:
+    from tfdist.spawner.kube import TfdistKubeSpawner
+
+    user = FakeHubUser(name=name, groups=[FakeGroup("ml-team")])
+    sp = TfdistKubeSpawner(
+        user=user,
+        hub=FakeHub(),
+        profiles_file=str(PROFILES),
+        namespace=namespace,
+        service_account="tfdist-notebook",
+        start_timeout=45,
+        k8s_api_request_retry_timeout=20,
+    )
+    sp.api_token = "secret-token"
+    user.spawners[""] = sp
+    return sp
+
+
+def gpu_options(gpus: int) -> dict[str, Any]:
+    return {"profile": "gpu", "cpu": 2, "memory": 8, "gpus": gpus, "gpu_model": "h100", "image": IMAGE}
+
+
+async def test_spawn_placed_on_model_and_unfittable_spawn_pending(
+    k8s_plane, k8s_api, k8s_namespace, plane_kubeconfig, monkeypatch
+):
+    from kubernetes_asyncio import client
+    from kubespawner import KubeSpawner
+
+    from tfdist.spawner import kube
+    from tfdist.spawner.availability import ClusterGpuView
+
+    ns = k8s_namespace
+    core = client.CoreV1Api(k8s_api)
+    apply_notebook_rbac(k8s_plane, ns)  # the pods run as tfdist-notebook: the SA must exist
+    view = ClusterGpuView(core)
+    view.start()
+    monkeypatch.setattr(kube, "_view", view)  # the hub's shared view, on this test's event loop
+    alice = make_spawner("alice", ns)
+    bob = make_spawner("bob", ns)
+    bob_start: asyncio.Future[Any] | None = None
+    try:
+        await wait_for("view loaded", lambda: view.loaded)
+        h_free, _ = await expected_gpus(core, H100)
+
+        opts = gpu_options(2)
+        alice.user_options = opts
+        await alice._run_apply_user_options(opts)  # what JupyterHub's User.spawn calls: validated
+        url = await asyncio.wait_for(alice.start(), 60)
+        pod = await core.read_namespaced_pod(alice.pod_name, ns)
+        assert pod.status.phase == "Running" and url == f"http://{pod.status.pod_ip}:8888"
+        node = await core.read_node(pod.spec.node_name)
+        assert node.metadata.labels[PRODUCT] == H100
+        limits = pod.spec.containers[0].resources.limits
+        assert limits[GPU] == "2" and pod.spec.service_account_name == "tfdist-notebook"
+        ms = models()
+        await wait_for("view: alice's 2 GPUs", lambda: view.availability(ms)["h100"].free == h_free - 2)
+
+        # Fragment the H100s so that >= 8 are free in total but no node has 8: the form's count and
+        # validation let an 8-GPU spawn through; the scheduler cannot place it.
+        other = next(
+            n.metadata.name
+            for n in (await core.list_node(label_selector=f"{PRODUCT}={H100}")).items
+            if n.metadata.name != pod.spec.node_name
+        )
+        await core.create_namespaced_pod(ns, gpu_pod("filler", 3, node=other))
+        await wait_for("view: filler counted", lambda: view.availability(ms)["h100"].free == h_free - 5)
+        assert h_free - 5 >= 8
+
+        opts = gpu_options(8)
+        bob.user_options = opts
+        await bob._run_apply_user_options(opts)
+        bob_start = bob.start()
+        seen: list[str] = []
+
+        async def scheduler_message() -> str:
+            async for ev in bob.progress():
+                seen.append(ev.get("message", ""))
+                if "Insufficient nvidia.com/gpu" in seen[-1]:
+                    return seen[-1]
+            return ""
+
+        message = await asyncio.wait_for(scheduler_message(), 30)
+        assert "FailedScheduling" in str(seen) or "Warning" in message, seen
+        bob_pod = await core.read_namespaced_pod(bob.pod_name, ns)
+        assert bob_pod.status.phase == "Pending" and not bob_pod.spec.node_name
+        assert not bob_start.done()  # still waiting for the pod to run
+    finally:
+        if bob_start is not None and not bob_start.done():
+            bob_start.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await bob_start
+        for sp in (bob, alice):
+            await asyncio.wait_for(sp.stop(now=True), 30)
+        for name in (bob.pod_name, alice.pod_name):
+            assert f"{ns}/{name}" not in alice.pod_reflector.pods
+        await view.stop()
+        await KubeSpawner._stop_all_reflectors()  # class-level singletons bound to this event loop
+
+
+# ---------------------------------------------------------------------------------------------- 3. RBAC
+
+
+async def test_notebook_rbac_with_its_own_token(k8s_plane, k8s_api, k8s_namespace):
+    from kubernetes_asyncio import client, watch
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from tfdist.jobspec import JobSpec
+    from tfdist.kube import manifests as mf
+
+    ns_a = k8s_namespace
+    ns_b = k8s_plane.create_namespace(f"t-{uuid.uuid4().hex[:10]}")
+    admin = client.CoreV1Api(k8s_api)
+    try:
+        apply_notebook_rbac(k8s_plane, ns_a)
+        token = k8s_plane.request(
+            "POST",
+            f"/api/v1/namespaces/{ns_a}/serviceaccounts/tfdist-notebook/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 600},
+            },
+        )["status"]["token"]
+        cfg = client.Configuration(host=k8s_plane.server)
+        cfg.ssl_ca_cert = str(k8s_plane.ca_file)
+        cfg.api_key = {"BearerToken": token}
+        cfg.api_key_prefix = {"BearerToken": "Bearer"}
+        # a pod in B for the read/delete/log checks there
+        await admin.create_namespaced_pod(ns_b, gpu_pod("other", 0))
+
+        async with client.ApiClient(cfg) as api:
+            core = client.CoreV1Api(api)
+            net = client.NetworkingV1Api(api)
+            authz = client.AuthorizationV1Api(api)
+            me = await client.AuthenticationV1Api(api).create_self_subject_review(
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+            )
+            assert me.status.user_info.username == f"system:serviceaccount:{ns_a}:tfdist-notebook"
+
+            def objects(ns: str) -> list[dict[str, Any]]:
+                return mf.job_objects(JobSpec(name="j1", user="u", namespace=ns, image="busybox"), token="x")
+
+            def create(obj: dict[str, Any]) -> Any:
+                ns, kind = obj["metadata"]["namespace"], obj["kind"]
+                if kind == "NetworkPolicy":
+                    return net.create_namespaced_network_policy(ns, obj)
+                fn = {"Pod": core.create_namespaced_pod, "Service": core.create_namespaced_service}.get(kind)
+                return (fn or core.create_namespaced_secret)(ns, obj)
+
+            def delete(obj: dict[str, Any]) -> Any:
+                ns, kind, name = obj["metadata"]["namespace"], obj["kind"], obj["metadata"]["name"]
+                fn = {
+                    "Pod": core.delete_namespaced_pod,
+                    "Service": core.delete_namespaced_service,
+                    "Secret": core.delete_namespaced_secret,
+                    "NetworkPolicy": net.delete_namespaced_network_policy,
+                }[kind]
+                return fn(name, ns)
+
+            async def status_of(coro: Any) -> int:
+                try:
+                    await coro
+                except ApiException as e:
+                    return int(e.status)
+                return 200
+
+            async def can(verb: str, resource: str, ns: str, sub: str = "", group: str = "") -> bool:
+                attrs = {
+                    "namespace": ns,
+                    "verb": verb,
+                    "resource": resource,
+                    "subresource": sub,
+                    "group": group,
+                }
+                body = {
+                    "apiVersion": "authorization.k8s.io/v1",
+                    "kind": "SelfSubjectAccessReview",
+                    "spec": {"resourceAttributes": attrs},
+                }
+                return bool((await authz.create_self_subject_access_review(body)).status.allowed)
+
+            # ---- namespace A: everything the %%tfdist Kubernetes backend does
+            objs = objects(ns_a)
+            kinds = Counter(o["kind"] for o in objs)
+            assert kinds["Secret"] == kinds["Service"] == kinds["NetworkPolicy"] == 1 and kinds["Pod"] >= 2
+            for obj in objs:
+                await create(obj)
+            sel = f"{mf.L_JOB}=j1"
+            pods = await core.list_namespaced_pod(ns_a, label_selector=sel)
+            assert len(pods.items) == kinds["Pod"]
+            w = watch.Watch()
+            async with w.stream(core.list_namespaced_pod, ns_a, label_selector=sel, timeout_seconds=2) as s:
+                seen = {ev["object"].metadata.name async for ev in s}
+            assert seen == {p.metadata.name for p in pods.items}
+            first_pod = pods.items[0].metadata.name
+            assert (await core.read_namespaced_pod(first_pod, ns_a)).metadata.name == first_pod
+            # kwok runs no kubelet, so the log itself may not be served; the authorization is what counts
+            assert await status_of(core.read_namespaced_pod_log(first_pod, ns_a, _request_timeout=5)) != 403
+            assert await can("get", "pods", ns_a, sub="log")
+            assert await can("list", "events", ns_a)
+            # the job token Secret is write-only for notebooks (shared namespace: no reading others' secrets)
+            secret = next(o for o in objs if o["kind"] == "Secret")
+            assert await status_of(core.read_namespaced_secret(secret["metadata"]["name"], ns_a)) == 403
+            # delete one of each, then what delete_all does (delete-collection by label) for the rest
+            for kind in ("Pod", "Service", "NetworkPolicy", "Secret"):
+                await delete(next(o for o in objs if o["kind"] == kind))
+            await core.delete_collection_namespaced_pod(ns_a, label_selector=sel, grace_period_seconds=0)
+            await core.delete_collection_namespaced_secret(ns_a, label_selector=sel)
+            await net.delete_collection_namespaced_network_policy(ns_a, label_selector=sel)
+
+            # ---- namespace B: 403 for all of it
+            for obj in objects(ns_b):
+                assert await status_of(create(obj)) == 403, obj["kind"]
+                assert await status_of(delete(obj)) == 403, obj["kind"]
+            assert await status_of(core.list_namespaced_pod(ns_b)) == 403
+            assert await status_of(core.read_namespaced_pod("other", ns_b)) == 403
+            assert await status_of(core.read_namespaced_pod_log("other", ns_b)) == 403
+            assert await status_of(core.delete_namespaced_pod("other", ns_b)) == 403
+            assert await status_of(core.delete_collection_namespaced_pod(ns_b)) == 403
+            w = watch.Watch()
+            with pytest.raises(ApiException) as e:
+                async with w.stream(core.list_namespaced_pod, ns_b, timeout_seconds=2) as s:
+                    async for _ in s:
+                        pass
+            assert e.value.status == 403
+            # nor cluster-wide
+            assert await status_of(core.list_pod_for_all_namespaces()) == 403
+            assert await status_of(core.list_node()) == 403
+            assert not await can("create", "pods", ns_b)
+
+        # nothing of the job left in A (pods may linger while kwok finishes their deletion)
+        async def gone() -> bool:
+            left = await admin.list_namespaced_pod(ns_a, label_selector=sel)
+            secrets = await admin.list_namespaced_secret(ns_a, label_selector=sel)
+            svcs = await admin.list_namespaced_service(ns_a, label_selector=sel)
+            pols = await client.NetworkingV1Api(k8s_api).list_namespaced_network_policy(
+                ns_a, label_selector=sel
+            )
+            return not (left.items or secrets.items or svcs.items or pols.items)
+
+        await wait_for("job objects deleted", gone, timeout=20)
+        assert (await admin.read_namespaced_pod("other", ns_b)).metadata.name == "other"
+    finally:
+        try:
+            k8s_plane.request("DELETE", f"/api/v1/namespaces/{ns_b}")
+        except Exception:
+            pass

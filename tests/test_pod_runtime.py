@@ -1,0 +1,116 @@
+"""What the Kubernetes pods run (tfdist.runtime.podmain: agent + coordinator, servers + samplers), run
+here as local processes on 127.0.0.1 and driven by the notebook's AgentClient: kwok runs no containers,
+so this is where the pod-side code trains for real."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tfdist import payload, tf_config
+from tfdist.kube.agent_client import AgentClient
+
+pytestmark = pytest.mark.slow
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_pod_entrypoints_train_and_return_results_through_the_agent(tmp_path):
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x, y = (d.data / 16).astype("float32"), d.target.astype("int64")
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Input((64,)),
+            tf.keras.layers.Dense(32, activation="relu"),
+            tf.keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        optimizer=tf.keras.optimizers.legacy.SGD(0.1),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
+    src = "history = model.fit(ds, epochs=3, steps_per_epoch=20)\n"
+    ns = {"model": model, "ds": ds}
+    blob = payload.pack(src, ["model", "ds"], ns)
+    before = model.get_weights()[0].copy()
+
+    *tf_ports, agent_port = free_ports(5)
+    cluster = tf_config.cluster(tf_config.local_addresses(2, 1, tf_ports))
+    token = "s3cret-token"
+    base = {
+        **os.environ,
+        "TFDIST_TOKEN": token,
+        "TFDIST_AGENT_URL": f"http://127.0.0.1:{agent_port}",
+        "TFDIST_AGENT_PORT": str(agent_port),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "GRPC_FAIL_FAST": "use_caller",
+        "TF_USE_LEGACY_KERAS": "1",
+    }
+    procs = []
+    try:
+        for task in tf_config.task_names(2, 1):
+            role = tf_config.split_task(task)[0]
+            env = base | {"TF_CONFIG": tf_config.tf_config(cluster, task), "TFDIST_TASK": task}
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tfdist.runtime.podmain", role],
+                    env=env,
+                    stdout=open(tmp_path / f"{task}.log", "wb"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        client = AgentClient(f"http://127.0.0.1:{agent_port}", token)
+        bad = AgentClient(f"http://127.0.0.1:{agent_port}", "wrong")
+
+        async def drive():
+            deadline = time.time() + 60
+            while not await client.reachable():
+                assert time.time() < deadline
+                await asyncio.sleep(0.2)
+            import urllib.error
+
+            with pytest.raises(urllib.error.HTTPError) as ei:  # a wrong token gets nothing
+                await bad.upload(b"x")
+            assert ei.value.code == 401
+            await client.upload(blob)
+            evs = [ev async for ev in client.events()]
+            res = await client.result()
+            await client.done()
+            return evs, res
+
+        evs, res = asyncio.run(asyncio.wait_for(drive(), 240))
+        assert evs[-1]["state"] == "succeeded", evs[-1]
+        epochs = [e for e in evs if e.get("type") == "progress" and e.get("logs")]
+        assert [e["epoch"] for e in epochs] == [1, 2, 3]
+        tasks_sampled = {t for e in evs if e.get("type") == "metrics" for t in e["tasks"]}
+        assert tasks_sampled & {"worker-0", "worker-1", "ps-0"}  # samplers in the server "pods" reported
+        payload.apply_results(res, ns)
+        assert not np.allclose(ns["model"].get_weights()[0], before)
+        assert ns["history"].history["loss"][-1] < ns["history"].history["loss"][0]
+        for p in procs:  # every "pod" ends by itself once the coordinator is done
+            p.wait(60)
+        assert procs[0].returncode == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
