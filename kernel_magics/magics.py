@@ -155,12 +155,14 @@ class TfdistMagics(Magics):
             display(monitor.widget)
         try:
             self._follow(backend, view, monitor)
-        except KeyboardInterrupt:
+        except BaseException as exc:  # an interrupt, or any failure here: the job must not outlive the cell
             self.portal.call(backend.stop(spec.name), timeout=30)
             self._drain(view, self._events, timeout=5)
-            view.state, view.message = "stopped", "interrupted from the notebook"
-            monitor.refresh(view)
-            print(f"tfdist: job {spec.name} interrupted; all its processes were ended")
+            view.state = "stopped"
+            view.message = "interrupted from the notebook" if isinstance(exc, KeyboardInterrupt) else str(exc)
+            self._refresh(monitor, view)
+            how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
+            print(f"tfdist: job {spec.name} {how}; all its processes were ended")
             raise
         self._finish(backend, view, monitor)
 
@@ -195,12 +197,21 @@ class TfdistMagics(Magics):
         fut.add_done_callback(self._pumps.discard)
         return events
 
+    def _refresh(self, monitor: Any, view: JobView) -> None:
+        """A drawing problem must never cost the job or its results: report it once, keep going."""
+        try:
+            monitor.refresh(view)
+        except Exception as exc:
+            if not getattr(monitor, "_tfdist_broken", False):
+                monitor._tfdist_broken = True
+                print(f"tfdist: the live monitor failed ({type(exc).__name__}: {exc}); the job goes on")
+
     def _follow(self, backend: Backend, view: JobView, monitor: Any) -> None:
         events = self._subscribe(backend, view.name)
         self._events = events
         while True:
             ended = self._drain(view, events, REFRESH_S)
-            monitor.refresh(view)
+            self._refresh(monitor, view)
             if ended:
                 if view.finished:
                     return
@@ -214,7 +225,7 @@ class TfdistMagics(Magics):
     def _finish(self, backend: Backend, view: JobView, monitor: Any) -> None:
         if not view.finished:  # the stream broke off: ask once more
             view = self.portal.call(backend.status(view.name))
-        monitor.refresh(view)
+        self._refresh(monitor, view)
         try:
             display(Image(data=static_png(view), format="png"))
         except Exception as exc:  # the picture is a nicety; never lose results over it

@@ -165,7 +165,8 @@ class WidgetMonitor:
         names = sorted(series)
         if not names:
             return
-        n = max(len(series[k][0]) for k in names)
+        # at least 2 points per line: bqplot squeezes arrays, and a (k, 1) array would lose its meaning
+        n = max(2, max(len(series[k][0]) for k in names))
         xs = [series[k][0] + [series[k][0][-1]] * (n - len(series[k][0])) for k in names]
         ys = [series[k][1] + [series[k][1][-1]] * (n - len(series[k][1])) for k in names]
         with line.hold_sync():

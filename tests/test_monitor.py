@@ -89,6 +89,26 @@ def test_widget_shows_curves_gpus_and_escapes_text():
     assert m.logs.value == log_text(v)
 
 
+def test_widget_survives_the_first_sample_of_every_series():
+    """One point per line (the first epoch, the first tick) must render, not raise."""
+    t0 = time.time()
+    v = JobView(name="j", created=t0, total_tasks=4)
+    m = WidgetMonitor(v)
+    v.apply({"type": "progress", "phase": "fit", "epoch": 1, "epochs": 4, "logs": {"loss": 1.0}, "t": t0})
+    v.apply(
+        {
+            "type": "metrics",
+            "t": t0 + 1,
+            "tasks": {"worker-0": {"cpu (%)": 5.0, "rss (MiB)": 1.0, "gpus": []}},
+        }
+    )
+    m.refresh(v)
+    assert list(m.figs["curves"].marks[0].labels) == ["loss"]
+    v.apply({"type": "progress", "phase": "fit", "epoch": 2, "epochs": 4, "logs": {"loss": 0.5}, "t": t0 + 2})
+    m.refresh(v)
+    assert m.figs["curves"].marks[0].y.tolist() == [1.0, 0.5]
+
+
 def test_static_png_is_a_picture():
     t0 = time.time()
     v = JobView(name="j", created=t0)
