@@ -6,7 +6,10 @@ answered exactly like a job that does not exist (404), so its name does not leak
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import tornado.web
@@ -22,6 +25,31 @@ LOG_TAIL = 200  # lines per task in a job's view
 METRICS_TAIL = 120  # utilization samples in a job's view
 
 
+class SharedReads:
+    """Backend reads shared by every tab for a moment: three tabs polling at 1 Hz ask the job's
+    supervisor once per `ttl`, not three times; concurrent asks share one in-flight call."""
+
+    def __init__(self, ttl: float = 0.5):
+        self.ttl = ttl
+        self._entries: dict[Any, tuple[float, asyncio.Future]] = {}
+
+    async def get(self, key: Any, make: Callable[[], Awaitable[Any]]) -> Any:
+        now = time.monotonic()
+        hit = self._entries.get(key)
+        if hit is None or now - hit[0] >= self.ttl:
+            hit = (now, asyncio.ensure_future(make()))
+            self._entries[key] = hit
+        try:
+            return await asyncio.shield(hit[1])
+        except Exception:
+            if self._entries.get(key) is hit:
+                self._entries.pop(key, None)  # errors are not cached
+            raise
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 class LabState:
     """What the handlers share for the server's lifetime: settings, one backend, one sampler."""
 
@@ -31,6 +59,13 @@ class LabState:
         self.settings = settings
         self._backend = backend
         self.sampler = sampler or ServerSampler()
+        self.reads = SharedReads()
+
+    async def list_jobs(self) -> list[dict[str, Any]]:
+        return await self.reads.get("list", self.backend.list_jobs)
+
+    async def status(self, name: str) -> Any:
+        return await self.reads.get(("status", name), lambda: self.backend.status(name))
 
     @property
     def backend(self) -> Backend:
@@ -62,7 +97,7 @@ class BaseHandler(APIHandler):
         if not valid_name(name):
             raise tornado.web.HTTPError(404, "no such job")
         try:
-            view = await self.tfdist.backend.status(name)
+            view = await self.tfdist.status(name)
         except KeyError:
             raise tornado.web.HTTPError(404, "no such job") from None
         if not self.tfdist.owns(view.user):
@@ -73,7 +108,7 @@ class BaseHandler(APIHandler):
 class JobsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
-        jobs = await self.tfdist.backend.list_jobs()
+        jobs = await self.tfdist.list_jobs()
         self.write_json(
             {"user": self.tfdist.settings.user, "jobs": [j for j in jobs if self.tfdist.owns(j.get("user"))]}
         )
@@ -104,6 +139,7 @@ class StopHandler(BaseHandler):
     async def post(self, name: str) -> None:
         view = await self.own_view(name)
         stopped = await self.tfdist.backend.stop(name)
+        self.tfdist.reads.clear()
         after = await self.tfdist.backend.status(name)
         self.log.info("tfdist: %s stopped job %s (was %s)", self.tfdist.settings.user, name, view.state)
         self.write_json({"name": name, "stopped": stopped, "state": after.state})

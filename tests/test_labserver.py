@@ -180,3 +180,37 @@ def test_gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp,
 @pytest.mark.slow
 def test_stop_ends_every_process_of_the_job(jp_fetch, state_dir, jp_asyncio_loop) -> None:
     jp_asyncio_loop.run_until_complete(_stop_ends_every_process_of_the_job(jp_fetch, state_dir))
+
+
+def test_shared_reads_coalesce_tabs_and_do_not_cache_errors():
+    """Three tabs asking at once cost one backend call; a failure is not remembered."""
+    import asyncio as aio
+
+    from tfdist.labserver.handlers import SharedReads
+
+    calls = {"n": 0}
+
+    async def read():
+        calls["n"] += 1
+        await aio.sleep(0.05)
+        return {"state": "running"}
+
+    async def fail():
+        calls["n"] += 1
+        raise KeyError("gone")
+
+    async def scenario():
+        reads = SharedReads(ttl=0.5)
+        got = await aio.gather(*(reads.get("job", read) for _ in range(3)))
+        assert got == [{"state": "running"}] * 3 and calls["n"] == 1
+        await aio.sleep(0.6)
+        await reads.get("job", read)
+        assert calls["n"] == 2  # stale after ttl: asked again
+        for _ in range(2):
+            try:
+                await reads.get("missing", fail)
+            except KeyError:
+                pass
+        assert calls["n"] == 4
+
+    aio.run(scenario())
