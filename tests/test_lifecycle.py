@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import time
 
 import psutil
@@ -40,11 +42,29 @@ def job_pids(state_dir: str, name: str) -> list[int]:
     return [sup.pid] + [c.pid for c in sup.children(recursive=True)]
 
 
+def assert_unreachable_from_host(pids: list[int]) -> None:
+    """TF's servers bind *:port whatever TF_CONFIG says; in the job's own network namespace that is only
+    the namespace's loopback. From this (the host's) namespace, every task port must refuse."""
+    ports = set()
+    for pid in pids:
+        env = psutil.Process(pid).environ()
+        if "TF_CONFIG" in env:
+            cfg = json.loads(env["TF_CONFIG"])
+            ports |= {int(a.rsplit(":", 1)[1]) for addrs in cfg["cluster"].values() for a in addrs}
+        assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    assert len(ports) == 4
+    for port in ports:
+        with socket.socket() as s:
+            s.settimeout(1)
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"TF port {port} is reachable from the host"
+
+
 def test_interrupt_mid_fit_ends_every_process(tf_kernel):
     th, box = tf_kernel.execute_in_background(LONG_FIT.format(name="interrupted"), timeout=300)
     wait_for_epoch(tf_kernel.state_dir, "interrupted", 1)
     pids = job_pids(tf_kernel.state_dir, "interrupted")
     assert len(pids) >= 5  # supervisor + chief + 2 workers + ps
+    assert_unreachable_from_host(pids)
     t0 = time.time()
     tf_kernel.km.interrupt_kernel()
     assert wait_gone(pids, 10) == [], "job processes still alive 10 s after the interrupt"
