@@ -261,13 +261,18 @@ class TfdistMagics(Magics):
                 continue
         return out
 
+    def _own(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Only this user's jobs: a namespace or state directory may be shared."""
+        return [r for r in rows if r.get("user") in (self.settings.user, "", None)]
+
     def _find(self, name: str) -> Backend:
         for b in self._all_backends():
             try:
-                self.portal.call(b.status(name), timeout=30)
-                return b
+                view = self.portal.call(b.status(name), timeout=30)
             except KeyError:
                 continue
+            if view.user in (self.settings.user, ""):
+                return b
         raise UsageError(f"no tfdist job named {name!r}; see %tfdist list")
 
     def list(self, argv: list[str]) -> None:
@@ -275,7 +280,7 @@ class TfdistMagics(Magics):
             raise UsageError("%tfdist list takes no arguments")
         rows = []
         for b in self._all_backends():
-            rows += self.portal.call(b.list_jobs(), timeout=60)
+            rows += self._own(self.portal.call(b.list_jobs(), timeout=60))
         if not rows:
             print("no tfdist jobs")
             return
@@ -321,7 +326,7 @@ class TfdistMagics(Magics):
         if opts.all:
             stopped = []
             for b in self._all_backends():
-                for r in self.portal.call(b.list_jobs(), timeout=60):
+                for r in self._own(self.portal.call(b.list_jobs(), timeout=60)):
                     if r["state"] not in ("succeeded", "failed", "stopped") and self.portal.call(
                         b.stop(r["name"]), timeout=60
                     ):

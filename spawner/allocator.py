@@ -22,10 +22,16 @@ __all__ = ["CorePicker", "GpuAllocator", "GpuShortage", "ModelAvailability"]
 
 @dataclass(frozen=True)
 class ModelAvailability:
-    """Free and total GPUs of one model (embedded: on this machine; Kubernetes: in the cluster)."""
+    """Free and total GPUs of one model (embedded: on this machine; Kubernetes: in the cluster).
+
+    `max_on_node`: the most GPUs of the model free on any one schedulable node (Kubernetes), i.e. the
+    largest request that can be placed now, since one pod's GPUs are all on one node; None where the
+    question does not arise (the embedded hub is one machine, so `free` is already that number).
+    """
 
     free: int
     total: int
+    max_on_node: int | None = None
 
 
 class GpuShortage(Exception):

@@ -10,6 +10,11 @@ schedulable and Ready, and every NoSchedule/NoExecute taint on it is tolerated b
 A pod uses GPUs on its node while it is bound (``spec.nodeName``) and not Succeeded/Failed; its use of a
 resource is max(sum over containers, max over init containers), a container's use being its request, or
 its limit when no request is given (Kubernetes defaults extended-resource requests to the limit).
+
+Besides the total free per model, the largest number free on any one offering node (`max_on_node`): a
+notebook pod's GPUs must all come from one node, so 11 free across nodes with at most 5 on one node
+cannot hold a request for 8. Cordoned, not-Ready and untolerated-taint nodes offer nothing, so they
+count for neither number.
 """
 
 from __future__ import annotations
@@ -165,20 +170,23 @@ def availability_from(
     node_list = list(nodes)
     out = {}
     for key, model in models.items():
-        free = total = 0
+        free = total = most = 0
         for node in node_list:
             if _offers(model, node):
                 alloc = int(node.allocatable[model.resource])
                 total += alloc
-                free += max(alloc - int(used.get((node.name, model.resource), 0)), 0)
-        out[key] = ModelAvailability(free=free, total=total)
+                here = max(alloc - int(used.get((node.name, model.resource), 0)), 0)
+                free += here
+                most = max(most, here)
+        out[key] = ModelAvailability(free=free, total=total, max_on_node=most)
     return out
 
 
 def gpu_availability(
     nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], models: Mapping[str, GpuModel]
 ) -> dict[str, ModelAvailability]:
-    """Free/total GPUs per model key from node and pod objects (dicts as the API returns them)."""
+    """Free/total GPUs (and the most free on one node) per model key from node and pod objects (dicts as
+    the API returns them)."""
     usages = [u for u in (pod_usage(p) for p in pods) if u is not None]
     return availability_from((node_info(n) for n in nodes), usages, models)
 

@@ -103,12 +103,14 @@ class GpuFormMixin(LoggingConfigurable):
         return total
 
     async def tfdist_context(self, with_availability: bool = True) -> UserContext:
+        av = await self.gpu_availability() if with_availability else None
         return UserContext(
             groups=self.tfdist_groups(),
             gpus_held_elsewhere=self.tfdist_gpus_held_elsewhere(),
-            free_gpus=(
-                {k: a.free for k, a in av.items()}
-                if with_availability and (av := await self.gpu_availability()) is not None
+            free_gpus={k: a.free for k, a in av.items()} if av is not None else None,
+            max_free_on_node=(
+                {k: a.max_on_node for k, a in av.items() if a.max_on_node is not None}
+                if av is not None
                 else None
             ),
         )

@@ -66,10 +66,24 @@ class _ModelView:
     free: int | None
     total: int | None
     selected: bool
+    #: most free on one node (Kubernetes); None when not applicable or unknown
+    max_on_node: int | None = None
+
+    @property
+    def fit(self) -> int | None:
+        """The largest GPU count of this model a spawn can get now (None: unknown)."""
+        if self.free is None:
+            return None
+        return min(self.free, self.max_on_node) if self.max_on_node is not None else self.free
+
+    @property
+    def split(self) -> bool:
+        """Free GPUs are spread over nodes: fewer fit one server than are free in total."""
+        return self.free is not None and self.max_on_node is not None and self.max_on_node < self.free
 
     @property
     def disabled(self) -> bool:
-        return self.free is not None and self.free <= 0
+        return self.fit is not None and self.fit <= 0
 
     @property
     def status(self) -> str:
@@ -77,6 +91,8 @@ class _ModelView:
             return "availability unknown"
         if self.total == 0:
             return "none on this hub"
+        if self.split:
+            return f"{self.free} of {self.total} free, at most {self.max_on_node} on one node"
         return f"{self.free} of {self.total} free"
 
 
@@ -180,6 +196,7 @@ def render_form(
                         free=av.free if av else (0 if availability is not None else None),
                         total=av.total if av else (0 if availability is not None else None),
                         selected=key == values["gpu_model"],
+                        max_on_node=av.max_on_node if av else None,
                     )
                 )
             if p.max_gpus_per_user is not None:
@@ -191,7 +208,7 @@ def render_form(
             fits = [m for m in view.models if not m.disabled]
             need = max(p.gpus.min, 1)
             if p.gpus.min > 0 and (
-                not any((m.free is None or m.free >= need) for m in fits)
+                not any((m.fit is None or m.fit >= need) for m in fits)
                 or (view.gpu_cap_left is not None and view.gpu_cap_left < need)
             ):
                 view.disabled_reason = (
@@ -217,7 +234,8 @@ def render_form(
         keys = [k for v in views for k in v.profile.gpu_models]
         for key in dict.fromkeys(keys):
             av = availability.get(key, ModelAvailability(0, 0))
-            summary.append((cfg.gpu_models[key].display_name, av.free, av.total))
+            node_max = av.max_on_node if av.max_on_node is not None and av.max_on_node < av.free else None
+            summary.append((cfg.gpu_models[key].display_name, av.free, av.total, node_max))
     return _env.get_template("form.html").render(
         profiles=views,
         summary=summary,

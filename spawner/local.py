@@ -239,6 +239,8 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
         env[settings.ENV_BACKEND] = "local"
         env[settings.ENV_GPUS] = str(len(indices))
         env[settings.ENV_USER] = self.user.name
+        # servers here share one Unix user: each hub user's jobs live apart (names, sockets, logs)
+        env[settings.ENV_STATE_DIR] = os.path.join(self.home_dir, ".tfdist", "jobs")
         if choice is not None and choice.gpu_model:
             env[settings.ENV_GPU_MODEL] = choice.gpu_model
         if choice is not None:

@@ -52,6 +52,9 @@ class UserContext:
     gpus_held_elsewhere: int = 0
     #: free GPUs per model key right now; None when unknown (then the scheduler decides)
     free_gpus: Mapping[str, int] | None = None
+    #: most GPUs free on any one node per model key (Kubernetes: one pod's GPUs are on one node); None, or
+    #: a model missing, when not applicable (the embedded hub is one machine) or unknown
+    max_free_on_node: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -294,6 +297,22 @@ def validate_options(raw: Any, cfg: ProfilesConfig, ctx: UserContext) -> Choice:
             name = cfg.gpu_models[model].display_name
             raise OptionsError(
                 f"{name}: you asked for {gpus} GPU{'s' if gpus != 1 else ''} but only {free} free right now.",
+                "gpus",
+            )
+
+    if gpus > 0 and model is not None and ctx.max_free_on_node is not None and model in ctx.max_free_on_node:
+        most = max(int(ctx.max_free_on_node[model]), 0)
+        if gpus > most:
+            name = cfg.gpu_models[model].display_name
+            total = (
+                f" ({max(int(ctx.free_gpus.get(model, 0)), 0)} free in total across nodes)"
+                if ctx.free_gpus is not None
+                else ""
+            )
+            gpus_are = "GPUs are" if most != 1 else "GPU is"
+            raise OptionsError(
+                f"{name}: you asked for {gpus} GPUs, but at most {most} {name} {gpus_are} free on one node "
+                f"now{total}, and a server's GPUs must all be on one node. Ask for at most {most}.",
                 "gpus",
             )
 

@@ -257,6 +257,7 @@ def test_start_reach_and_remember(hub: RunningHub) -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # a CPU server sees no GPU
     assert env["TFDIST_GPUS"] == "0" and env["TFDIST_BACKEND"] == "local" and env["TFDIST_USER"] == "dave"
     assert env["MEM_LIMIT"] == str(2**30)
+    assert env["TFDIST_STATE_DIR"] == str(Path(hub.state_dir, "users", "dave", ".tfdist", "jobs"))
     assert len(os.sched_getaffinity(pid)) == min(2, len(os.sched_getaffinity(0)))  # 1.5 cores -> 2
     examples = Path(hub.state_dir, "users", "dave", "examples")
     if Path(__file__).resolve().parent.parent.joinpath("examples").is_dir():

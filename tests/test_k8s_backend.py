@@ -237,7 +237,7 @@ async def test_failed_worker_pod_is_replaced_and_watch_survives_apiserver_restar
         await asyncio.to_thread(
             k8s_plane.restart_apiserver
         )  # the watch must resume, not restart from scratch
-        n_before = len([e for e in events if e.get("type") == "task"])
+        n_before = len(events)
         k8s_plane.kubectl(
             "-n", k8s_namespace, "label", "pod", "faulty-worker-1", "sim.tfdist.io/outcome=fail"
         )
@@ -255,7 +255,9 @@ async def test_failed_worker_pod_is_replaced_and_watch_survives_apiserver_restar
         task_events = [(e["task"], e["state"]) for e in events if e.get("type") == "task"]
         # nothing duplicated across the API server restart: each task reached "running" once before the fault
         assert task_events.count(("worker-0", "running")) == 1
-        assert task_events.count(("worker-1", "running")) == 2  # before the failure and after the replacement
+        assert task_events.count(("worker-1", "running")) == 2, (
+            task_events
+        )  # before the failure, after the replacement
         task.cancel()
     finally:
         await b.close()

@@ -4,7 +4,10 @@
   current by one list + one watch per kind; a form render never calls the API server.
 - TfdistKubeSpawner (real KubeSpawner start/progress/stop): the real scheduler places a 2 x H100 spawn
   on an H100 kwok node (kwok makes it Running with a pod IP, which is all KubeSpawner.start waits for);
-  a spawn that fits no node stays Pending and its progress shows the scheduler's message.
+  with the H100s fragmented (more free in total than on any one node) a request above the per-node
+  maximum is refused by validation (400 with the message; form re-rendered) instead of going Pending;
+  a validated spawn whose node is taken by a racing pod stays Pending and its progress shows the
+  scheduler's message.
 - hub_config/rbac-notebook.yaml, exercised with the service account's own token: the %%tfdist
   Kubernetes backend's objects can be created, watched and deleted in its namespace, nothing elsewhere.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import sys
 import time
 import uuid
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tornado import web
 
 if "tests.k8s_fixtures" not in sys.modules:  # tests/conftest.py imports them; standalone runs need this
     from tests.k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: F401
@@ -68,20 +73,26 @@ def gpu_pod(name: str, gpus: int, *, model: str | None = None, node: str | None 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-async def expected_gpus(core: Any, product: str) -> tuple[int, int]:
-    """(free, total) computed independently, straight from the API: allocatable minus requests."""
+async def free_per_node(core: Any, product: str) -> dict[str, int]:
+    """Free GPUs per node of `product`, computed independently, straight from the API: allocatable minus
+    requests (the plane's GPU nodes are all schedulable and carry no taints)."""
     nodes = [n for n in (await core.list_node()).items if (n.metadata.labels or {}).get(PRODUCT) == product]
-    total = sum(int(n.status.allocatable.get(GPU, 0)) for n in nodes)
-    names = {n.metadata.name for n in nodes}
-    used = 0
+    free = {n.metadata.name: int(n.status.allocatable.get(GPU, 0)) for n in nodes}
     for p in (await core.list_pod_for_all_namespaces()).items:
-        if p.spec.node_name in names and p.status.phase not in ("Succeeded", "Failed"):
+        if p.spec.node_name in free and p.status.phase not in ("Succeeded", "Failed"):
             for c in p.spec.containers:
                 res = c.resources
                 req = (res.requests or {}) if res else {}
                 lim = (res.limits or {}) if res else {}
-                used += int(req.get(GPU, lim.get(GPU, 0)))
-    return total - used, total
+                free[p.spec.node_name] -= int(req.get(GPU, lim.get(GPU, 0)))
+    return free
+
+
+async def expected_gpus(core: Any, product: str) -> tuple[int, int]:
+    """(free, total) computed independently, straight from the API: allocatable minus requests."""
+    nodes = [n for n in (await core.list_node()).items if (n.metadata.labels or {}).get(PRODUCT) == product]
+    total = sum(int(n.status.allocatable.get(GPU, 0)) for n in nodes)
+    return sum(max(v, 0) for v in (await free_per_node(core, product)).values()), total
 
 
 class CountingCoreV1:
@@ -202,7 +213,7 @@ def gpu_options(gpus: int) -> dict[str, Any]:
     return {"profile": "gpu", "cpu": 2, "memory": 8, "gpus": gpus, "gpu_model": "h100", "image": IMAGE}
 
 
-async def test_spawn_placed_on_model_and_unfittable_spawn_pending(
+async def test_spawn_placed_refused_beyond_one_node_and_raced_spawn_pending(
     k8s_plane, k8s_api, k8s_namespace, plane_kubeconfig, monkeypatch
 ):
     from kubernetes_asyncio import client
@@ -237,8 +248,7 @@ async def test_spawn_placed_on_model_and_unfittable_spawn_pending(
         ms = models()
         await wait_for("view: alice's 2 GPUs", lambda: view.availability(ms)["h100"].free == h_free - 2)
 
-        # Fragment the H100s so that >= 8 are free in total but no node has 8: the form's count and
-        # validation let an 8-GPU spawn through; the scheduler cannot place it.
+        # Fragment the H100s so that >= 8 are free in total but no node has 8 free.
         other = next(
             n.metadata.name
             for n in (await core.list_node(label_selector=f"{PRODUCT}={H100}")).items
@@ -246,12 +256,49 @@ async def test_spawn_placed_on_model_and_unfittable_spawn_pending(
         )
         await core.create_namespaced_pod(ns, gpu_pod("filler", 3, node=other))
         await wait_for("view: filler counted", lambda: view.availability(ms)["h100"].free == h_free - 5)
-        assert h_free - 5 >= 8
+        per_node = await free_per_node(core, H100)
+        free, most = sum(per_node.values()), max(per_node.values())
+        assert free == h_free - 5 >= 8 > most
+        av = view.availability(ms)["h100"]
+        assert (av.free, av.max_on_node) == (free, most)
 
+        # An 8-GPU request is refused up front with the per-node message (REST path: 400, no pod), and the
+        # form path gives the same message and shows the per-node number on the re-rendered form.
+        why = (
+            f"at most {most} NVIDIA H100 80GB GPUs are free on one node now "
+            f"({free} free in total across nodes)"
+        )
         opts = gpu_options(8)
         bob.user_options = opts
+        with pytest.raises(web.HTTPError) as refused:
+            await bob._run_apply_user_options(opts)
+        assert refused.value.status_code == 400 and why in refused.value.jupyterhub_message
+        assert bob.tfdist_choice is None
+        form = {k: [str(v)] for k, v in opts.items()}
+        with pytest.raises(web.HTTPError) as refused:
+            await bob._tfdist_options_from_form(form)
+        assert refused.value.status_code == 400 and why in refused.value.jupyterhub_message
+        html = await bob.tfdist_render_form()
+        assert f"NVIDIA H100 80GB: {free} of {av.total} free (at most {most} on one node)" in html
+        assert re.search(r'id="tfdist-gpu-gpus"[^>]*value="8"', html)  # what bob typed, back for fixing
+        assert not (await core.list_namespaced_pod(ns, field_selector=f"metadata.name={bob.pod_name}")).items
+
+        # Validation is a snapshot; the scheduler has the last word. Bob asks for exactly the most free on
+        # one node, which validation accepts; before his pod is created another pod takes one GPU on every
+        # node that had that many free (a race no check at validation time can close), so the pod cannot be
+        # placed: it stays Pending and its progress shows the scheduler's message.
+        opts = gpu_options(most)
+        bob.user_options = opts
         await bob._run_apply_user_options(opts)
-        bob_start = bob.start()
+        assert bob.tfdist_choice is not None and bob.tfdist_choice.gpus == most
+        racers = [n for n, f in per_node.items() if f == most]
+        for i, n in enumerate(racers):
+            await core.create_namespaced_pod(ns, gpu_pod(f"racer-{i}", 1, node=n))
+        await wait_for(
+            "view: racers counted", lambda: view.availability(ms)["h100"].free == free - len(racers)
+        )
+        assert view.availability(ms)["h100"].max_on_node == most - 1
+        bob_start = bob.start()  # validated before the race: start() does not validate again
         seen: list[str] = []
 
         async def scheduler_message() -> str:

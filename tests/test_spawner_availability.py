@@ -99,3 +99,41 @@ def test_view_applies_watch_events_and_caches() -> None:
     view.apply_pod("ADDED", pod("p2", "a", 6))
     view.apply_node("DELETED", node("a"))
     assert view.availability(MODELS)["h100"].total == 0
+
+
+def test_most_free_on_one_node_ignores_nodes_that_cannot_take_the_pod() -> None:
+    """11 free in total, at most 5 on one usable node: the cordoned, not-Ready and untolerated-taint
+    nodes have all 8 free but count for neither number."""
+    nodes = [
+        node("a"),
+        node("b"),
+        node("c", gpus="4"),
+        node("cordoned", unschedulable=True),
+        node("notready", ready="False"),
+        node("untolerated", taints=[{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]),
+        node("prefer", taints=[{"key": "dedicated", "value": "x", "effect": "PreferNoSchedule"}]),
+    ]
+    pods = [pod("p1", "a", 3), pod("p2", "b", 5), pod("p3", "c", 1), pod("p4", "prefer", 6)]
+    av = gpu_availability(nodes, pods, MODELS)["h100"]
+    # a: 5, b: 3, c: 3, prefer (a soft taint does not keep the pod off): 2
+    assert (av.free, av.total, av.max_on_node) == (13, 28, 5)
+    pods.append(pod("p5", "a", 1))
+    av = gpu_availability(nodes, pods, MODELS)["h100"]
+    assert (av.free, av.max_on_node) == (12, 4)
+    # no offering node at all: 0, not None (None means "not applicable": the embedded hub)
+    assert gpu_availability([node("x", unschedulable=True)], [], MODELS)["h100"].max_on_node == 0
+
+
+def test_view_tracks_most_free_on_one_node() -> None:
+    view = ClusterGpuView(api=None)
+    view.apply_node("ADDED", node("a"))
+    view.apply_node("ADDED", node("b"))
+    view._loaded = {"nodes": True, "pods": True}
+    assert view.availability(MODELS)["h100"].max_on_node == 8
+    view.apply_pod("ADDED", pod("p1", "a", 3))
+    view.apply_pod("ADDED", pod("p2", "b", 2))
+    av = view.availability(MODELS)["h100"]
+    assert (av.free, av.max_on_node) == (11, 6)
+    view.apply_node("MODIFIED", node("b", unschedulable=True))  # cordoned
+    av = view.availability(MODELS)["h100"]
+    assert (av.free, av.total, av.max_on_node) == (5, 8, 5)

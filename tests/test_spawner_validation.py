@@ -100,6 +100,33 @@ def test_cap_and_availability() -> None:
     assert validate_options(opts, CFG, UserContext(groups=frozenset({"ml"}), free_gpus=None)).gpus == 2
 
 
+def test_gpus_must_fit_on_one_node() -> None:
+    """Kubernetes: 11 free across nodes but at most 2 on one; one server's GPUs are all on one node."""
+    opts = {"profile": "gpu", "cpu": 2, "memory": 4, "gpus": 3, "gpu_model": "h100", "image": "a:1"}
+    split = UserContext(groups=frozenset({"ml"}), free_gpus={"h100": 11}, max_free_on_node={"h100": 2})
+    with pytest.raises(OptionsError) as e:
+        validate_options(opts, CFG, split)
+    assert e.value.field == "gpus"
+    assert "at most 2 H100 <i>80GB</i> GPUs are free on one node now (11 free in total across nodes)" in str(
+        e.value
+    )
+    assert validate_options({**opts, "gpus": 2}, CFG, split).gpus == 2
+    one = UserContext(groups=frozenset({"ml"}), free_gpus={"h100": 3}, max_free_on_node={"h100": 1})
+    with pytest.raises(
+        OptionsError, match=r"at most 1 H100 .* GPU is free on one node now \(3 free in total"
+    ):
+        validate_options(opts, CFG, one)
+    # fewer free in total than asked: the plain "only N free" message comes first
+    short = UserContext(groups=frozenset({"ml"}), free_gpus={"h100": 2}, max_free_on_node={"h100": 1})
+    with pytest.raises(OptionsError, match="only 2 free right now"):
+        validate_options(opts, CFG, short)
+    # the embedded single-machine hub knows no per-node number: only the total counts
+    local = UserContext(groups=frozenset({"ml"}), free_gpus={"h100": 3})
+    assert validate_options(opts, CFG, local).gpus == 3
+    with pytest.raises(OptionsError, match="only 2 free right now"):
+        validate_options(opts, CFG, UserContext(groups=frozenset({"ml"}), free_gpus={"h100": 2}))
+
+
 def test_form_to_raw() -> None:
     raw = form_to_raw(
         {
@@ -134,3 +161,19 @@ def test_form_remembers_last_valid_and_shows_cap() -> None:
     assert f'<option value="{CUSTOM_IMAGE}" selected' in html and 'value="reg.io/tf:1.0"' in html
     assert "your other servers hold 1, so up to 2 here" in html
     assert 'data-cap-left="2"' in html
+
+
+def test_form_shows_and_bounds_most_free_on_one_node() -> None:
+    av = {"h100": ModelAvailability(free=11, total=16, max_on_node=3)}
+    html = render_form(CFG, ML, av, remembered=())
+    assert "H100 &lt;i&gt;80GB&lt;/i&gt;: 11 of 16 free (at most 3 on one node)" in html
+    assert "H100 &lt;i&gt;80GB&lt;/i&gt; (11 of 16 free, at most 3 on one node)" in html
+    assert 'data-free="11"' in html and 'data-node-max="3"' in html
+    assert "<i>" not in html
+    # all free GPUs on one node (or the embedded hub): nothing extra said
+    for one in (ModelAvailability(free=3, total=8, max_on_node=3), ModelAvailability(free=3, total=8)):
+        html = render_form(CFG, ML, {"h100": one}, remembered=())
+        assert "on one node" not in html.split("<script>")[0] and 'data-node-max=""' in html
+    # free GPUs but none on a usable node (e.g. 0 fit): the model and the GPU-only profile are disabled
+    html = render_form(CFG, ML, {"h100": ModelAvailability(free=0, total=8, max_on_node=0)}, remembered=())
+    assert re.search(r'value="gpu"[^>]*disabled', html)

@@ -66,6 +66,14 @@ def pod_task_state(pod: dict[str, Any]) -> tuple[str, str]:
     return phase.lower(), ""
 
 
+def newest_per_task(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A task may briefly have its failed pod (terminating) and its replacement: keep the newest."""
+    newest: dict[str, dict[str, Any]] = {}
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        newest[pod["metadata"].get("labels", {}).get(mf.L_TASK, "")] = pod
+    return list(newest.values())
+
+
 def _translate(exc: Exception, kind: str, name: str, namespace: str) -> TfdistError:
     from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -216,13 +224,19 @@ class KubernetesBackend(Backend):
             service_account=None,
             queue=self.settings.kueue_queue,
         )
-        for obj in objs:
+        # What the pods need first, one by one; then the pods, concurrently (a 64-worker job is 67 pods).
+        pods = [o for o in objs if o["kind"] == "Pod"]
+        for obj in [o for o in objs if o["kind"] != "Pod"]:
             try:
                 await self._create(obj)
             except Exception as exc:
-                err = _translate(exc, obj["kind"], obj["metadata"]["name"], spec.namespace or "")
                 await self.delete_all(spec.name, spec.namespace)  # all or nothing
-                raise err from None
+                raise _translate(exc, obj["kind"], obj["metadata"]["name"], spec.namespace or "") from None
+        results = await asyncio.gather(*(self._create(p) for p in pods), return_exceptions=True)
+        for obj, res in zip(pods, results, strict=True):
+            if isinstance(res, BaseException):
+                await self.delete_all(spec.name, spec.namespace)
+                raise _translate(res, obj["kind"], obj["metadata"]["name"], spec.namespace or "") from None
         self._jobs[spec.name] = _Job(spec=spec, payload=payload, token=token, created=time.time())
 
     async def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
@@ -290,10 +304,15 @@ class KubernetesBackend(Backend):
         deadline = (job.created if job else view.created) + (job.spec.timeout_s if job else 600)
         started_all = False
         replaced: dict[str, int] = {}
+        current: dict[str, str] = {}  # task -> name of its newest pod
         rv: str | None = None
         while True:
             if rv is None:  # (re)list: the current state, and where the watch resumes from
                 body = await self._list_pods(core, sel)
+                body["items"] = newest_per_task(body["items"])
+                current.update(
+                    {p["metadata"]["labels"].get(mf.L_TASK, ""): p["metadata"]["name"] for p in body["items"]}
+                )
                 rv = body["metadata"]["resourceVersion"]
                 for ev in self._task_events(body["items"], tasks):
                     yield ev
@@ -326,10 +345,17 @@ class KubernetesBackend(Backend):
                     ):
                         obj = item["raw_object"]
                         rv = obj["metadata"].get("resourceVersion", rv)
-                        if item["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        task_label = obj["metadata"].get("labels", {}).get(mf.L_TASK, "")
+                        pod_name = obj["metadata"]["name"]
+                        if item["type"] == "ADDED":
+                            current[task_label] = pod_name  # a replacement supersedes the failed pod
+                        if (
+                            item["type"] in ("ADDED", "MODIFIED", "DELETED")
+                            and current.get(task_label, pod_name) == pod_name
+                        ):
                             pods = [obj] if item["type"] != "DELETED" else []
                             if item["type"] == "DELETED":
-                                tasks.pop(obj["metadata"]["labels"].get(mf.L_TASK, ""), None)
+                                tasks.pop(task_label, None)
                             for ev in self._task_events(pods, tasks):
                                 yield ev
                                 if (
@@ -383,8 +409,9 @@ class KubernetesBackend(Backend):
         job = self._jobs.get(name)
         if job is None or replaced.get(task, 0) >= MAX_WORKER_REPLACEMENTS:
             return []
-        replaced[task] = replaced.get(task, 0) + 1
+        n = replaced[task] = replaced.get(task, 0) + 1
         core = await self._core()
+        old = f"{mf.pod_name(job.spec, task)}" + (f"-r{n - 1}" if n > 1 else "")
         pod = mf.task_pod(
             job.spec,
             task,
@@ -392,20 +419,13 @@ class KubernetesBackend(Backend):
             node_selector=self.node_selector,
             tolerations=self.tolerations,
             queue=self.settings.kueue_queue,
+            attempt=n,
         )
         from kubernetes_asyncio.client.exceptions import ApiException
 
         with contextlib.suppress(ApiException):
-            await core.delete_namespaced_pod(pod["metadata"]["name"], self.namespace, grace_period_seconds=0)
-        for _ in range(100):  # the old pod must be gone before its name can be reused
-            try:
-                await core.read_namespaced_pod(pod["metadata"]["name"], self.namespace)
-            except ApiException as exc:
-                if exc.status == 404:
-                    break
-            await asyncio.sleep(0.1)
+            await core.delete_namespaced_pod(old, self.namespace, grace_period_seconds=0)
         await self._create(pod)
-        n = replaced[task]
         return [
             {"type": "task", "task": task, "state": "restarting", "restarts": n},
             {
@@ -490,7 +510,7 @@ class KubernetesBackend(Backend):
         if job:
             view.created = job.created
         tasks: dict[str, tuple[str, str]] = {}
-        for ev in self._task_events(pods, tasks):
+        for ev in self._task_events(newest_per_task(pods), tasks):
             view.apply(ev)
         if not pods:
             view.state, view.message = "stopped", "no objects left"

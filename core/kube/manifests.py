@@ -148,7 +148,10 @@ def task_pod(
     tolerations: list[dict] | None = None,
     service_account: str | None = None,
     queue: str | None = None,
+    attempt: int = 0,
 ) -> dict[str, Any]:
+    """One task's pod. A replacement (`attempt` > 0) gets a new name but the same hostname, so the task's
+    DNS name does not change and the old pod need not be gone first."""
     role, _ = tf_config.split_task(task)
     gpus = spec.gpus_per_worker if role == "worker" else 0
     env = [
@@ -188,7 +191,7 @@ def task_pod(
         pod_spec["nodeSelector"] = dict(node_selector)
     if gpus and tolerations:
         pod_spec["tolerations"] = list(tolerations)
-    meta = _meta(spec, pod_name(spec, task), owner, task)
+    meta = _meta(spec, pod_name(spec, task) + (f"-r{attempt}" if attempt else ""), owner, task)
     meta["annotations"] = {A_SPEC: spec.to_json()} if role == "chief" else {}
     if queue:
         meta["labels"]["kueue.x-k8s.io/queue-name"] = queue
