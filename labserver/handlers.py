@@ -17,6 +17,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 from ..backends import Backend, get_backend
+from ..runtime.events import is_noise
 from ..settings import Settings, from_environ
 from .sampler import ServerSampler
 
@@ -124,12 +125,15 @@ class JobHandler(BaseHandler):
         logs: dict[str, list[str]] = {}
         for task, line in view.logs:
             logs.setdefault(task, []).append(line)
-        if not logs:  # the supervisor is gone: read the files it left
+        if not logs and view.finished:  # the supervisor is gone: read the files it left
             try:
                 full = await self.tfdist.backend.logs(name)
             except (KeyError, OSError):
                 full = {}
-            logs = {t: text.splitlines()[-LOG_TAIL:] for t, text in full.items()}
+            logs = {
+                t: [line for line in text.splitlines() if not is_noise(line)][-LOG_TAIL:]
+                for t, text in full.items()
+            }
         d["logs"] = {t: lines[-LOG_TAIL:] for t, lines in logs.items()}
         self.write_json(d)
 
