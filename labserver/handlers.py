@@ -125,7 +125,7 @@ class JobHandler(BaseHandler):
         logs: dict[str, list[str]] = {}
         for task, line in view.logs:
             logs.setdefault(task, []).append(line)
-        if not logs and view.finished:  # the supervisor is gone: read the files it left
+        if not logs:  # nothing live (the supervisor is gone or silent): read the files it left
             try:
                 full = await self.tfdist.backend.logs(name)
             except (KeyError, OSError):
