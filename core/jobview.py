@@ -38,7 +38,11 @@ class JobView:
 
     @property
     def started_tasks(self) -> int:
-        return sum(1 for t in self.tasks.values() if t.get("state") in ("running", "exited-ok"))
+        return sum(
+            1
+            for t in self.tasks.values()
+            if t.get("state") in ("running", "restarting", "exited-ok", "exited")
+        )
 
     @property
     def finished(self) -> bool:

@@ -44,6 +44,9 @@ def test_example_notebook_trains_and_returns_weights(examples_dir, tmp_path):
     losses = [float(v) for v in m.group(4).split(",")]
     assert losses[-1] < losses[0] / 2
 
+    listing = "".join(o.get("text", "") for o in nb.cells[5].outputs)  # %tfdist list, after the job ended
+    assert re.search(r"tfdist-\w+ +local +succeeded +4/4 +8/8 +finished", listing), listing
+
     # the widget state saved with the notebook holds the monitor (a VBox with the job header)
     widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
     states = widgets.get("state", {})

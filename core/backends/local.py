@@ -242,7 +242,17 @@ class LocalBackend(Backend):
         try:
             with open(os.path.join(d, "state.json")) as f:
                 st = json.load(f)
-            for k in ("state", "message", "created", "ended", "epoch", "epochs", "error"):
+            for k in (
+                "state",
+                "message",
+                "created",
+                "ended",
+                "epoch",
+                "epochs",
+                "error",
+                "tasks",
+                "epoch_logs",
+            ):
                 if k in st:
                     setattr(view, k, st[k])
             view.total_tasks = st.get("tasks_total", 0)

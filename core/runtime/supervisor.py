@@ -120,7 +120,14 @@ class Supervisor:
     def _write_state(self) -> None:
         tmp = os.path.join(self.jobdir, "state.json.tmp")
         with open(tmp, "w") as f:
-            json.dump(self.view.summary() | {"error": self.view.error, "pid": os.getpid()}, f)
+            # what `%tfdist status` and the lab panel show once this process is gone
+            extra = {
+                "error": self.view.error,
+                "pid": os.getpid(),
+                "tasks": self.view.tasks,
+                "epoch_logs": self.view.epoch_logs,
+            }
+            json.dump(self.view.summary() | extra, f)
         os.replace(tmp, os.path.join(self.jobdir, "state.json"))
 
     async def serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
