@@ -22,6 +22,7 @@ from kubespawner import KubeSpawner
 from traitlets import Bool, Unicode
 
 from tfdist import settings
+from tfdist.kube.manifests import notebook_pod_labels
 
 from .allocator import ModelAvailability
 from .availability import ClusterGpuView
@@ -104,6 +105,8 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         self.node_selector = node_selector
         self.tolerations = tolerations
         self.image = choice.image
+        # the label the NetworkPolicy of this user's %%tfdist jobs admits to the coordinator's agent
+        self.extra_labels = {**self.extra_labels, **notebook_pod_labels(self.user.name)}
 
     def get_env(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_env()

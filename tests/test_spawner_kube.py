@@ -85,6 +85,8 @@ async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
     pod = await _manifest(sp, options)
     spec = pod["spec"]
     c = spec["containers"][0]
+    # the label that this user's job NetworkPolicies admit to their coordinator's agent
+    assert pod["metadata"]["labels"]["tfdist.io/notebook-of"] == sp.user.name
     assert c["image"] == "registry.example.org/ml/tf-custom:2.21"
     assert c["resources"]["limits"] == {
         "cpu": 4.0,

@@ -120,7 +120,7 @@ class KubernetesBackend(Backend):
         self.node_selector: dict[str, str] | None = settings.gpu_node_selector
         self.tolerations: list[dict] | None = settings.gpu_tolerations
         self.notebook_labels: dict[str, str] | None = (
-            {"hub.jupyter.org/username": mf.label_value(settings.user)} if settings.pod_name else None
+            mf.notebook_pod_labels(settings.user) if settings.pod_name else None
         )
 
     # ------------------------------------------------------------------ API plumbing

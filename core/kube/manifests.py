@@ -22,6 +22,7 @@ L_JOB = "tfdist.io/job"
 L_USER = "tfdist.io/user"
 L_TASK = "tfdist.io/task"
 L_ROLE = "tfdist.io/role"
+L_NOTEBOOK = "tfdist.io/notebook-of"
 A_SPEC = "tfdist.io/spec"
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -30,6 +31,12 @@ def label_value(text: str) -> str:
     """A string made safe as a label value (63 chars of [A-Za-z0-9-_.], alphanumeric ends)."""
     v = re.sub(r"[^A-Za-z0-9._-]", "-", text)[:63].strip("-_.")
     return v or "none"
+
+
+def notebook_pod_labels(user: str) -> dict[str, str]:
+    """Labels the spawner puts on a user's notebook pod, so that user's job NetworkPolicies can admit it
+    (and nobody else's notebook) to the coordinator's agent."""
+    return {L_NOTEBOOK: label_value(user)}
 
 
 def selector(spec: JobSpec) -> dict[str, str]:
@@ -174,6 +181,7 @@ def task_pod(
         "ports": [{"name": "tf", "containerPort": TF_PORT}]
         + ([{"name": "agent", "containerPort": AGENT_PORT}] if role == "chief" else []),
         "resources": _resources(spec, gpus),
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     pod_spec: dict[str, Any] = {
         "hostname": pod_name(spec, task),
