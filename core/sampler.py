@@ -41,6 +41,9 @@ class GpuReader:
     def available(self) -> bool:
         return bool(self._handles)
 
+    def indices(self) -> list[int]:
+        return sorted(self._handles)
+
     def read(self, index: int) -> dict[str, float | None]:
         h = self._handles.get(index)
         if h is None or self._nvml is None:

@@ -148,7 +148,13 @@ class TfdistMagics(Magics):
     def run(self, argv: list[str], cell: str) -> None:
         spec, blob, gpus = self.prepare(argv, cell)
         backend = self.backend(spec.backend)
-        self.portal.call(backend.submit(spec, blob, Launch(gpus=gpus, cwd=os.getcwd())))
+        try:
+            self.portal.call(backend.submit(spec, blob, Launch(gpus=gpus, cwd=os.getcwd())))
+        except TfdistError:
+            raise  # refused: nothing of this job exists (and a same-named job of before must be left alone)
+        except BaseException:  # interrupted mid-submit: the backend undid its part; make sure of it
+            self.portal.call(backend.stop(spec.name), timeout=60)
+            raise
         view = JobView(name=spec.name, user=spec.user, backend=spec.backend, total_tasks=spec.task_count)
         monitor = make_monitor(view)
         if hasattr(monitor, "widget"):

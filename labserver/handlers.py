@@ -144,9 +144,12 @@ class StopHandler(BaseHandler):
         view = await self.own_view(name)
         stopped = await self.tfdist.backend.stop(name)
         self.tfdist.reads.clear()
-        after = await self.tfdist.backend.status(name)
+        try:
+            state = (await self.tfdist.backend.status(name)).state
+        except KeyError:  # Kubernetes: a stopped job leaves no objects to read
+            state = "stopped"
         self.log.info("tfdist: %s stopped job %s (was %s)", self.tfdist.settings.user, name, view.state)
-        self.write_json({"name": name, "stopped": stopped, "state": after.state})
+        self.write_json({"name": name, "stopped": stopped, "state": state})
 
 
 class GpusHandler(BaseHandler):

@@ -6,11 +6,59 @@ _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 _key=$( (cat "$_root/scripts/requirements.txt"; python3 --version) | sha256sum | cut -c1-12)
 VENV="$TFDIST_CACHE/venv-$_key"
 
+GO_VERSION=${GO_VERSION:-1.26.8}
+
+ensure_python_venv_module() {
+  python3 -c 'import ensurepip, venv' 2>/dev/null || {
+    echo "== installing python3-venv" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  }
+}
+
+ensure_go() {
+  # Go >= 1.26 for the Kubernetes test binaries. Where it is missing or older, fetch the official toolchain,
+  # which the Go module proxy serves as the module golang.org/toolchain (what GOTOOLCHAIN=go1.x does).
+  export PATH="$PATH:/usr/local/go/bin"
+  local have
+  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//') || true
+  if [ -n "$have" ] && [ "$(printf '%s\n1.26\n' "$have" | sort -V | head -1)" = "1.26" ]; then
+    return 0
+  fi
+  local dir="$TFDIST_CACHE/go-$GO_VERSION"
+  if [ ! -x "$dir/bin/go" ]; then
+    echo "== fetching Go $GO_VERSION from the Go module proxy" >&2
+    local zip="$TFDIST_CACHE/go-$GO_VERSION.zip" arch
+    arch=$(uname -m | sed 's/x86_64/amd64/; s/aarch64/arm64/')
+    mkdir -p "$TFDIST_CACHE"
+    curl -fsSL -o "$zip" \
+      "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-go$GO_VERSION.linux-$arch.zip"
+    python3 - "$zip" "$dir" <<'PY'
+import os, stat, sys, zipfile
+src, dst = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(src) as z:
+    for info in z.infolist():
+        parts = info.filename.split("/")  # golang.org/toolchain@v0.0.1-go1.x.os-arch/<tree>
+        rel = "/".join(parts[2:])
+        if not rel or info.is_dir():
+            continue
+        path = os.path.join(dst, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with z.open(info) as f, open(path, "wb") as out:
+            out.write(f.read())
+        mode = (info.external_attr >> 16) & 0o777
+        os.chmod(path, mode or (0o755 if "/bin/" in path or "/tool/" in path else 0o644))
+PY
+    rm -f "$zip"
+  fi
+  export PATH="$dir/bin:$PATH" GOTOOLCHAIN=local
+}
+
 ensure_venv() {
   if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
     echo "== building venv $VENV (first run only; about 2 GB)" >&2
     rm -rf "$VENV"
     mkdir -p "$TFDIST_CACHE"
+    ensure_python_venv_module
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     "$VENV/bin/pip" install -q -r "$_root/scripts/requirements.txt"
@@ -20,7 +68,10 @@ ensure_venv() {
 }
 
 ensure_node() {
-  command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; }
+  command -v npm >/dev/null || {
+    echo "== installing Debian's nodejs and npm" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+  }
 }
 
 ensure_chromium() {

@@ -121,6 +121,9 @@ class GpuFormMixin(LoggingConfigurable):
         except OptionsError as e:
             self.log.info("Rejected options for %s: %s", self._log_name, e.message)
             raise user_error(e.message) from None
+        except (ValueError, TypeError, ArithmeticError) as e:  # a case the checks missed: still a 400
+            self.log.warning("Unexpected options error for %s: %r", self._log_name, e)
+            raise user_error(f"These options cannot be used ({type(e).__name__}).") from None
 
     # ---- the form -------------------------------------------------------------------------------------
 
@@ -158,7 +161,8 @@ class GpuFormMixin(LoggingConfigurable):
         return choice.as_user_options()
 
     def options_from_query(self, query_data: Mapping[str, Any]) -> Any:
-        return self._tfdist_options_from_form(query_data)
+        # A GET carries no XSRF token: a link from another site must not start (GPU) servers.
+        raise user_error("Servers with options start from the form or the REST API, not from a link.")
 
     # ---- every spawn, whatever path it came by --------------------------------------------------------
 

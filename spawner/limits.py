@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -146,7 +147,9 @@ class CgroupV2:
     cpu: bool = True
 
     def path_for(self, owner: str) -> Path:
-        return self.parent / f"tfdist-{_NAME_BAD.sub('_', owner)}"
+        # readable, and one-to-one (the hash): "a+b/" and "a_b/" must not share a cgroup
+        digest = hashlib.sha256(owner.encode()).hexdigest()[:12]
+        return self.parent / f"tfdist-{_NAME_BAD.sub('_', owner)[:40]}-{digest}"
 
     def create(self, owner: str, memory_bytes: int, cpu: float | None) -> Path:
         path = self.path_for(owner)

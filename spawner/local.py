@@ -44,7 +44,8 @@ _cgroup: tuple[CgroupV2 | None, str] | None = None
 
 def safe_dirname(name: str) -> str:
     """A user name as a single safe path component (hub user names may contain '/', '..', spaces)."""
-    out = re.sub(r"[^a-z0-9_.-]", lambda m: f"-{ord(m.group()):x}-", name.lower())
+    # one-to-one: '-' is escaped too, so "a+" and "a-2b-" stay apart (and so do "A" and "a")
+    out = re.sub(r"[^a-z0-9_.]", lambda m: f"-{ord(m.group()):x}-", name)
     return out if out.strip(".") else f"-{out}"
 
 

@@ -114,7 +114,10 @@ def _number(raw: Any, key: str, label: str, unit_hint: str) -> float:
     if isinstance(raw, bool) or raw is None or isinstance(raw, (list, dict)):
         raise OptionsError(f"{label} must be a number {unit_hint}, got {show_value(raw)}.", key)
     if isinstance(raw, (int, float)):
-        val = float(raw)
+        try:
+            val = float(raw)
+        except OverflowError:
+            raise OptionsError(f"{label} is out of range {unit_hint}.", key) from None
         if not math.isfinite(val):
             raise OptionsError(f"{label} must be a finite number {unit_hint}, got {show_value(raw)}.", key)
         return val

@@ -91,10 +91,13 @@ def test_manifests_put_gpus_on_workers_only_and_own_everything():
     )
     assert cfg["task"] == {"type": "worker", "index": 1}
     assert cfg["cluster"]["ps"] == ["j1-ps-0.j1.team.svc:2222"]
-    assert objs[0]["metadata"]["labels"][mf.L_USER] == "ann-x"
+    assert objs[0]["metadata"]["labels"][mf.L_USER] == mf.user_label("ann@x")
+    assert mf.user_label("ann@x").startswith("ann-x-") and mf.user_label("ann@x") != mf.user_label("ann-x")
     netpol = objs[2]["spec"]
     tf_rule, agent_rule = netpol["ingress"]
-    assert tf_rule["from"] == [{"podSelector": {"matchLabels": {mf.L_JOB: "j1"}}}]
+    assert tf_rule["from"] == [
+        {"podSelector": {"matchLabels": {mf.L_JOB: "j1", mf.L_USER: mf.user_label("ann@x")}}}
+    ]
     assert {"podSelector": {"matchLabels": {"hub.jupyter.org/username": "ann"}}} in agent_rule["from"]
 
 

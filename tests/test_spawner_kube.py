@@ -86,7 +86,9 @@ async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
     spec = pod["spec"]
     c = spec["containers"][0]
     # the label that this user's job NetworkPolicies admit to their coordinator's agent
-    assert pod["metadata"]["labels"]["tfdist.io/notebook-of"] == sp.user.name
+    from tfdist.kube.manifests import user_label
+
+    assert pod["metadata"]["labels"]["tfdist.io/notebook-of"] == user_label(sp.user.name)
     assert c["image"] == "registry.example.org/ml/tf-custom:2.21"
     assert c["resources"]["limits"] == {
         "cpu": 4.0,

@@ -75,7 +75,8 @@ def test_cgroup_v2_files(tmp_path: Path) -> None:
     for f in ("memory.max", "memory.swap.max", "cpu.max", "cgroup.procs"):
         (path / f).write_text("max\n")
     created = cg.create("alice/gpu box", 3 * 2**30, 1.5)
-    assert created.name == "tfdist-alice_gpu_box"
+    assert created.name.startswith("tfdist-alice_gpu_box-")
+    assert cg.path_for("a+b/") != cg.path_for("a_b/")  # one cgroup per server, whatever the names
     assert (created / "memory.max").read_text() == str(3 * 2**30)
     assert (created / "memory.swap.max").read_text() == "0"
     assert (created / "cpu.max").read_text() == "150000 100000"
@@ -114,7 +115,15 @@ def test_watchdog_kills_a_real_hog() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "expect"), [("alice", "alice"), ("../x", "..-2f-x"), ("..", "-.."), ("A b", "a-20-b")]
+    ("name", "expect"),
+    [
+        ("alice", "alice"),
+        ("../x", "..-2f-x"),
+        ("..", "-.."),
+        ("A b", "-41--20-b"),
+        ("a+", "a-2b-"),
+        ("a-2b-", "a-2d-2b-2d-"),
+    ],
 )
 def test_safe_dirname(name: str, expect: str) -> None:
     assert safe_dirname(name) == expect

@@ -28,8 +28,11 @@ from ..settings import Settings
 from .base import Backend, Launch
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-WATCH_TIMEOUT_S = 300
-MAX_WORKER_REPLACEMENTS = 3  # server-side watch timeout; the loop re-opens it from the last resourceVersion
+WATCH_TIMEOUT_S = 300  # server-side watch timeout; the loop re-opens it from the last resourceVersion
+# A worker pod that ends Failed (eviction, node loss, a kwok fault stage) is replaced this often; a crashing
+# container is restarted in place by the kubelet (restartPolicy OnFailure) and never gets here.
+MAX_WORKER_REPLACEMENTS = 3
+AGENT_GRACE_S = 30.0
 
 
 def current_namespace(settings: Settings) -> str:
@@ -166,7 +169,7 @@ class KubernetesBackend(Backend):
         ns = namespace or self.namespace
         api = await self.api()
         core = client.CoreV1Api(api)
-        sel = f"{mf.L_JOB}={name}"
+        sel = f"{mf.L_JOB}={name},{mf.L_USER}={mf.user_label(self.settings.user)}"
         calls = [
             core.delete_collection_namespaced_pod(ns, label_selector=sel, grace_period_seconds=0),
             core.delete_collection_namespaced_secret(ns, label_selector=sel),
@@ -182,7 +185,8 @@ class KubernetesBackend(Backend):
 
     async def _pods(self, name: str | None = None) -> list[dict[str, Any]]:
         core = await self._core()
-        sel = f"{mf.L_JOB}={name}" if name else f"app.kubernetes.io/managed-by={mf.MANAGED_BY}"
+        mine = f"{mf.L_USER}={mf.user_label(self.settings.user)}"
+        sel = f"{mf.L_JOB}={name},{mine}" if name else f"app.kubernetes.io/managed-by={mf.MANAGED_BY},{mine}"
         return (await self._list_pods(core, sel))["items"]
 
     async def _list_pods(self, core: Any, sel: str) -> dict[str, Any]:
@@ -194,6 +198,7 @@ class KubernetesBackend(Backend):
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
         spec = dataclasses.replace(
             spec,
+            user=self.settings.user,  # the backend's identity labels the objects, not the caller's word
             namespace=spec.namespace or self.namespace,
             image=spec.image or self.settings.worker_image,
         )
@@ -225,18 +230,26 @@ class KubernetesBackend(Backend):
             queue=self.settings.kueue_queue,
         )
         # What the pods need first, one by one; then the pods, concurrently (a 64-worker job is 67 pods).
+        # All or nothing, also when the cell is interrupted half-way (CancelledError): the clean-up is
+        # shielded from the cancellation that triggered it.
         pods = [o for o in objs if o["kind"] == "Pod"]
-        for obj in [o for o in objs if o["kind"] != "Pod"]:
-            try:
-                await self._create(obj)
-            except Exception as exc:
-                await self.delete_all(spec.name, spec.namespace)  # all or nothing
-                raise _translate(exc, obj["kind"], obj["metadata"]["name"], spec.namespace or "") from None
-        results = await asyncio.gather(*(self._create(p) for p in pods), return_exceptions=True)
-        for obj, res in zip(pods, results, strict=True):
-            if isinstance(res, BaseException):
-                await self.delete_all(spec.name, spec.namespace)
-                raise _translate(res, obj["kind"], obj["metadata"]["name"], spec.namespace or "") from None
+        try:
+            for obj in [o for o in objs if o["kind"] != "Pod"]:
+                try:
+                    await self._create(obj)
+                except Exception as exc:
+                    raise _translate(
+                        exc, obj["kind"], obj["metadata"]["name"], spec.namespace or ""
+                    ) from None
+            results = await asyncio.gather(*(self._create(p) for p in pods), return_exceptions=True)
+            for obj, res in zip(pods, results, strict=True):
+                if isinstance(res, BaseException):
+                    raise _translate(
+                        res, obj["kind"], obj["metadata"]["name"], spec.namespace or ""
+                    ) from None
+        except BaseException:
+            await asyncio.shield(self.delete_all(spec.name, spec.namespace))
+            raise
         self._jobs[spec.name] = _Job(spec=spec, payload=payload, token=token, created=time.time())
 
     async def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
@@ -249,15 +262,34 @@ class KubernetesBackend(Backend):
         q: asyncio.Queue = asyncio.Queue()
 
         async def pods() -> None:
-            async for ev in self._pod_events(name, view):
-                await q.put(ev)
+            try:
+                async for ev in self._pod_events(name, view):
+                    await q.put(ev)
+            except Exception as exc:  # never leave the cell waiting on a dead watcher
+                await q.put(
+                    {
+                        "type": "state",
+                        "state": "failed",
+                        "t": time.time(),
+                        "message": f"lost track of the job's pods: {exc!r}",
+                        "error": {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
+                    }
+                )
 
         async def agent(ip: str) -> None:
             try:
                 async for ev in self._agent_events(name, ip):
                     await q.put(ev)
             except Exception as exc:
-                await q.put({"type": "log", "lines": [["tfdist", f"lost the coordinator's agent: {exc!r}"]]})
+                await q.put(
+                    {
+                        "type": "state",
+                        "state": "failed",
+                        "t": time.time(),
+                        "message": str(exc),
+                        "error": {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
+                    }
+                )
 
         workers = [asyncio.ensure_future(pods())]
         try:
@@ -284,7 +316,14 @@ class KubernetesBackend(Backend):
         client = AgentClient(f"http://{ip}:{mf.AGENT_PORT}", job.token)
         self._agents[name] = client
         announced = False
+        # --timeout, plus a grace so an unschedulable job is reported as such (its own deadline comes first)
+        deadline = job.created + job.spec.timeout_s + AGENT_GRACE_S
         while not await client.reachable():
+            if time.time() > deadline:
+                raise BackendUnavailable(
+                    f"the notebook cannot reach the coordinator's agent at {ip}:{mf.AGENT_PORT} within "
+                    f"--timeout {job.spec.timeout_s:g}s + {AGENT_GRACE_S:g}s (NetworkPolicy or CNI?)"
+                )
             if not announced:
                 yield {"type": "log", "lines": [["tfdist", f"waiting for the coordinator's agent at {ip}"]]}
                 announced = True
@@ -299,7 +338,7 @@ class KubernetesBackend(Backend):
 
         job = self._jobs.get(name)
         core = await self._core()
-        sel = f"{mf.L_JOB}={name}"
+        sel = f"{mf.L_JOB}={name},{mf.L_USER}={mf.user_label(self.settings.user)}"
         tasks: dict[str, tuple[str, str]] = {}
         deadline = (job.created if job else view.created) + (job.spec.timeout_s if job else 600)
         started_all = False
@@ -308,7 +347,17 @@ class KubernetesBackend(Backend):
         rv: str | None = None
         while True:
             if rv is None:  # (re)list: the current state, and where the watch resumes from
-                body = await self._list_pods(core, sel)
+                try:
+                    body = await self._list_pods(core, sel)
+                except asyncio.CancelledError:
+                    raise
+                except (
+                    Exception
+                ):  # API server away (restarting): retry until --timeout / forever once running
+                    if not started_all and time.time() > deadline:
+                        raise
+                    await asyncio.sleep(1)
+                    continue
                 body["items"] = newest_per_task(body["items"])
                 current.update(
                     {p["metadata"]["labels"].get(mf.L_TASK, ""): p["metadata"]["name"] for p in body["items"]}
@@ -320,7 +369,7 @@ class KubernetesBackend(Backend):
                     ip = (pod.get("status") or {}).get("podIP")
                     if ip and pod["metadata"]["labels"].get(mf.L_TASK) == "chief-0":
                         yield {"type": "_chief_ip", "ip": ip}
-                done = self._outcome(tasks, 0)
+                done = self._outcome(tasks)
                 if done:  # it ended while nobody watched
                     yield done
                     return
@@ -368,7 +417,7 @@ class KubernetesBackend(Backend):
                         ip = (obj.get("status") or {}).get("podIP")
                         if ip and obj["metadata"]["labels"].get(mf.L_TASK) == "chief-0":
                             yield {"type": "_chief_ip", "ip": ip}
-                        done = self._outcome(tasks, view.total_tasks or (job.spec.task_count if job else 0))
+                        done = self._outcome(tasks)
                         if done:
                             yield done
                             return
@@ -444,7 +493,7 @@ class KubernetesBackend(Backend):
         return bool(tasks) and all(s[0] in ("running", "exited-ok") for s in tasks.values())
 
     @staticmethod
-    def _outcome(tasks: dict[str, tuple[str, str]], total: int) -> dict[str, Any] | None:
+    def _outcome(tasks: dict[str, tuple[str, str]]) -> dict[str, Any] | None:
         chief = tasks.get("chief-0")
         if chief and chief[0] == "exited-ok":
             return {"type": "state", "state": "succeeded", "message": "finished", "t": time.time()}
@@ -488,6 +537,7 @@ class KubernetesBackend(Backend):
         pods = await self._pods(name)
         await self.delete_all(name)
         self._jobs.pop(name, None)
+        self._agents.pop(name, None)
         return bool(pods)
 
     async def status(self, name: str) -> JobView:

@@ -55,13 +55,16 @@ class LocalBackend(Backend):
 
     # ------------------------------------------------------------------ paths
     def jobdir(self, name: str) -> str:
+        """Names become paths: one that could leave the state directory is no job."""
+        if not name or "/" in name or "\0" in name or name.startswith("."):
+            raise KeyError(name)
         return os.path.join(self.state_dir, name)
 
     def _supervisor_pid(self, name: str) -> int | None:
         try:
             with open(os.path.join(self.jobdir(name), "supervisor.pid")) as f:
                 return int(f.read().strip())
-        except (OSError, ValueError):
+        except (OSError, ValueError, KeyError):
             return None
 
     def is_running(self, name: str) -> bool:
@@ -129,14 +132,24 @@ class LocalBackend(Backend):
         )
         errlog.close()
         self._lifelines[spec.name] = proc
+        try:
+            await self._wait_up(spec.name, proc)
+        except BaseException:  # interrupted or failed while it came up: nothing may stay behind
+            if proc.poll() is None:
+                self._kill(proc)
+            self._lifelines.pop(spec.name, None)
+            raise
+
+    async def _wait_up(self, name: str, proc: subprocess.Popen) -> None:
+        d = self.jobdir(name)
         sock = os.path.join(d, "control.sock")
         deadline = time.time() + 60
         while not os.path.exists(sock):
             if proc.poll() is not None:
-                self._lifelines.pop(spec.name, None)
-                view = self._offline_view(spec.name)
+                self._lifelines.pop(name, None)
+                view = self._offline_view(name)
                 if view.error:  # it ran, and refused (e.g. a port in use): the job's own words
-                    raise JobFailed(view.error.get("message") or view.message, job=spec.name)
+                    raise JobFailed(view.error.get("message") or view.message, job=name)
                 with open(os.path.join(d, "supervisor.log"), errors="replace") as f:
                     tail = f.read()[-2000:]
                 raise BackendUnavailable(

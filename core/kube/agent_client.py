@@ -39,6 +39,7 @@ class AgentClient:
         i = start
         while True:
             data = json.loads(await asyncio.to_thread(self._call, "GET", f"/events?from={i}", None, 30.0))
+            i = max(i, data.get("first", i))  # events older than the agent's ring were dropped
             for ev in data["events"]:
                 i += 1
                 yield ev

@@ -9,6 +9,7 @@ ownerReferences to the notebook pod on all of them, so deleting the server delet
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -33,14 +34,19 @@ def label_value(text: str) -> str:
     return v or "none"
 
 
+def user_label(user: str) -> str:
+    """A user as a label value that is readable and one-to-one ("a+b" and "a-b" stay apart)."""
+    return f"{label_value(user)[:50]}-{hashlib.sha256(user.encode()).hexdigest()[:8]}".lstrip("-")
+
+
 def notebook_pod_labels(user: str) -> dict[str, str]:
     """Labels the spawner puts on a user's notebook pod, so that user's job NetworkPolicies can admit it
     (and nobody else's notebook) to the coordinator's agent."""
-    return {L_NOTEBOOK: label_value(user)}
+    return {L_NOTEBOOK: user_label(user)}
 
 
 def selector(spec: JobSpec) -> dict[str, str]:
-    return {L_JOB: spec.name}
+    return {L_JOB: spec.name, L_USER: user_label(spec.user)}
 
 
 def labels(spec: JobSpec, task: str | None = None) -> dict[str, str]:
@@ -48,7 +54,7 @@ def labels(spec: JobSpec, task: str | None = None) -> dict[str, str]:
         "app.kubernetes.io/managed-by": MANAGED_BY,
         "app.kubernetes.io/name": "tfdist-job",
         L_JOB: spec.name,
-        L_USER: label_value(spec.user),
+        L_USER: user_label(spec.user),
     }
     if task:
         out[L_TASK] = task
@@ -58,7 +64,9 @@ def labels(spec: JobSpec, task: str | None = None) -> dict[str, str]:
 
 def owner_reference(pod_name: str, pod_uid: str) -> dict[str, Any]:
     """The notebook pod owns the job: the garbage collector removes the job with the server."""
-    return {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod_uid, "blockOwnerDeletion": True}
+    # no blockOwnerDeletion: background GC does not need it, and where OwnerReferencesPermissionEnforcement
+    # is on it would require `update` on pods/finalizers
+    return {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod_uid}
 
 
 def _meta(spec: JobSpec, name: str, owner: dict | None, task: str | None = None) -> dict[str, Any]:
@@ -181,7 +189,12 @@ def task_pod(
         "ports": [{"name": "tf", "containerPort": TF_PORT}]
         + ([{"name": "agent", "containerPort": AGENT_PORT}] if role == "chief" else []),
         "resources": _resources(spec, gpus),
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {  # Pod Security "restricted"
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     }
     pod_spec: dict[str, Any] = {
         "hostname": pod_name(spec, task),

@@ -24,22 +24,53 @@ POLL_WAIT_S = 10.0
 
 
 class JobLog:
-    """Events in order, readable from any index (long-poll); thread-safe."""
+    """Events in order, readable from any index (long-poll); thread-safe. A ring: the coordinator pod's
+    memory is the job's --memory, so only the last `keep` events stay (a reader that fell behind skips)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 20000) -> None:
         self._events: list[dict[str, Any]] = []
+        self._base = 0  # index of self._events[0]
+        self._keep = keep
         self._cond = threading.Condition()
 
     def add(self, ev: dict[str, Any]) -> None:
         with self._cond:
             self._events.append(ev)
+            if len(self._events) > self._keep:
+                drop = len(self._events) - self._keep
+                del self._events[:drop]
+                self._base += drop
             self._cond.notify_all()
 
-    def read(self, start: int, wait: float) -> list[dict[str, Any]]:
+    def read(self, start: int, wait: float) -> tuple[int, list[dict[str, Any]]]:
+        """(index of the first event returned, events from `start` on)."""
         with self._cond:
-            if start >= len(self._events):
+            if start >= self._base + len(self._events):
                 self._cond.wait(wait)
-            return self._events[start:]
+            first = max(start, self._base)
+            return first, self._events[first - self._base :]
+
+
+class MetricsMerger:
+    """Each server pod posts its own sample; the notebook gets one metrics event per second for all."""
+
+    def __init__(self, log: JobLog, period: float = 1.0) -> None:
+        self._log, self._period = log, period
+        self._latest: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="tfdist-metrics", daemon=True).start()
+
+    def add(self, ev: dict[str, Any]) -> None:
+        with self._lock:
+            self._latest.update(ev.get("tasks", {}))
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._period)
+            with self._lock:
+                tasks, self._latest = self._latest, {}
+            if tasks:
+                self._log.add({"type": "metrics", "t": time.time(), "tasks": tasks})
 
 
 class AgentState:
@@ -47,6 +78,7 @@ class AgentState:
         self.jobdir = jobdir
         self.token = token
         self.log = JobLog()
+        self.metrics = MetricsMerger(self.log)
         self.payload_ready = threading.Event()
         self.delivered = threading.Event()
         self.finished = threading.Event()
@@ -82,8 +114,13 @@ def make_handler(state: AgentState) -> type[BaseHTTPRequestHandler]:
             if not self._authorized():
                 return
             if url.path == "/events":
-                start = int(parse_qs(url.query).get("from", ["0"])[0])
-                self._send(200, {"events": state.log.read(start, POLL_WAIT_S)})
+                try:
+                    start = max(0, int(parse_qs(url.query).get("from", ["0"])[0]))
+                except ValueError:
+                    self._send(400, {"error": "from must be a number"})
+                    return
+                first, evs = state.log.read(start, POLL_WAIT_S)
+                self._send(200, {"first": first, "events": evs})
             elif url.path == "/result":
                 path = os.path.join(state.jobdir, "result.bin")
                 if not os.path.exists(path):
@@ -130,7 +167,7 @@ def make_handler(state: AgentState) -> type[BaseHTTPRequestHandler]:
             if self.path == "/metrics":
                 ev = wire.loads(body)
                 if ev.get("type") == "metrics":
-                    state.log.add(ev)
+                    state.metrics.add(ev)
                 self._send(200, {"ok": True})
             elif self.path == "/done":
                 state.delivered.set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ def run_chief() -> int:
         return 3
     r, w = os.pipe()
     env = dict(os.environ, TFDIST_EVENTS_FD=str(w))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # PID 1: a deleted pod ends now
     proc = subprocess.Popen(
         [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir], env=env, pass_fds=(w,)
     )
@@ -93,10 +95,15 @@ def run_server(role: str) -> int:
     token = os.environ.get("TFDIST_TOKEN", "")
     task = os.environ.get("TFDIST_TASK", role)
     proc = subprocess.Popen([sys.executable, "-u", "-m", "tfdist.runtime.task"])
-    gpus = [int(g) for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip().isdigit()]
+    # As a container's PID 1 this process ignores SIGTERM unless it handles it: end the server with it.
+    signal.signal(signal.SIGTERM, lambda *_: (proc.kill(), os._exit(0)))
     sampler = TaskSampler()
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        gpus = [int(g) for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip().isdigit()]
+    else:  # the device plugin sets NVIDIA_VISIBLE_DEVICES: the container sees only its own GPUs
+        gpus = sampler.gpus.indices()
     sampler.track(TaskProcess(task, proc.pid, gpus))
-    last_ok = time.time()
+    started = last_ok = time.time()
     seen = False
     while proc.poll() is None:
         time.sleep(1.0)
@@ -106,7 +113,8 @@ def run_server(role: str) -> int:
         if health is False:  # the coordinator finished: this server's work is done
             break
         if health is None:
-            if seen and time.time() - last_ok > ORPHAN_AFTER_S:
+            never_for = time.time() - started > float(os.environ.get("TFDIST_PAYLOAD_WAIT_S", "600")) + 60
+            if (seen and time.time() - last_ok > ORPHAN_AFTER_S) or (not seen and never_for):
                 print(f"tfdist: agent unreachable for {ORPHAN_AFTER_S:.0f}s; ending {task}", flush=True)
                 break
             continue

@@ -33,16 +33,20 @@ PR_SET_PDEATHSIG = 1
 MAX_WORKER_RESTARTS = 3
 KILL_GRACE_S = 3.0
 TICK_S = 1.0
+WATCHER_BUFFER_MAX = 8 * 2**20
 
 
 class StartupError(Exception):
     pass
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: no dlopen between fork and exec
+_SUPERVISOR_PID = os.getpid()
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() == 1:  # parent already gone
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != _SUPERVISOR_PID:  # the supervisor died before the prctl took effect
         os._exit(1)
 
 
@@ -101,6 +105,7 @@ class Supervisor:
         self.watchers: set[asyncio.StreamWriter] = set()
         self.pending_logs: list[tuple[str, str]] = []
         self.stop_reason: str | None = None
+        self.ps_failure: str | None = None
         self.stopping = asyncio.Event()
         self.sampler = TaskSampler()
         self.events_r: int | None = None
@@ -111,6 +116,10 @@ class Supervisor:
         data = events.dumps(ev)
         for w in list(self.watchers):
             try:
+                if w.transport.get_write_buffer_size() > WATCHER_BUFFER_MAX:  # a stalled reader
+                    self.watchers.discard(w)
+                    w.close()
+                    continue
                 w.write(data)
             except Exception:
                 self.watchers.discard(w)
@@ -219,7 +228,14 @@ class Supervisor:
         for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TFDIST_EVENTS_FD", "JPY_PARENT_PID"):
             env.pop(k, None)
         env.update(self.launch.get("env", {}))
-        env.update({"GRPC_FAIL_FAST": "use_caller", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"})
+        env.update(
+            {
+                "GRPC_FAIL_FAST": "use_caller",
+                "TF_USE_LEGACY_KERAS": "1",
+                "PYTHONUNBUFFERED": "1",
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            }
+        )  # CUDA numbers GPUs as NVML does
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if self.spec.cpu:
             threads = str(max(1, round(self.spec.cpu)))
@@ -329,13 +345,13 @@ class Supervisor:
                     self.emit({"type": "task", "task": task.name, "state": "failed", "exit_code": code})
                     task.proc = None
                     if task.name.startswith("ps"):
-                        self.pending_logs.append(
-                            (
-                                task.name,
-                                f"tfdist: parameter server {task.name} died "
-                                f"(code {code}); the fit cannot go on without it",
-                            )
+                        why = (
+                            f"parameter server {task.name} died (code {code}); the fit cannot go on "
+                            "without it (restart from a checkpoint)"
                         )
+                        self.pending_logs.append((task.name, "tfdist: " + why))
+                        self.ps_failure = why
+                        self.request_stop(why)
 
     async def _coordinator_events(self, fd: int) -> None:
         loop = asyncio.get_running_loop()
@@ -427,6 +443,9 @@ class Supervisor:
             done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             watcher.cancel()
             if chief_wait not in done:
+                if self.ps_failure:
+                    err = {"type": "ParameterServerLost", "message": self.ps_failure, "traceback": ""}
+                    return ("failed", self.ps_failure, err)
                 return ("stopped", self.stop_reason or "stopped", None)
         else:  # the coordinator ended before the servers were up: its error says why
             starting.cancel()
