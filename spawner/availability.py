@@ -40,6 +40,7 @@ __all__ = [
     "pod_usage",
 ]
 
+STALE_AFTER_BACKOFF_S = 8.0  # after 0.5+1+2+4 s of failed retries (~7.5 s)
 log = logging.getLogger(__name__)
 
 _QTY = re.compile(r"([0-9]+(?:\.[0-9]+)?)([numkMGTPE]|[KMGTPE]i)?")
@@ -294,14 +295,21 @@ class ClusterGpuView:
                 if e.status == 410:  # resourceVersion too old: list again, now
                     log.info("GPU availability: %s watch expired (410); listing again", kind)
                     continue
-                log.warning("GPU availability: %s watch failed (%s); retrying in %.1fs", kind, e, delay)
+                self._note_failure(kind, e, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
             except Exception as e:
                 rv = None
-                log.warning("GPU availability: %s watch failed (%s); retrying in %.1fs", kind, e, delay)
+                self._note_failure(kind, e, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+    def _note_failure(self, kind: str, exc: Exception, delay: float) -> None:
+        log.warning("GPU availability: %s watch failed (%s); retrying in %.1fs", kind, exc, delay)
+        if delay >= STALE_AFTER_BACKOFF_S and self._loaded[kind]:
+            # failing for a while: old numbers must not refuse spawns; the form says "unknown" until a relist
+            log.warning("GPU availability: %s view is stale; showing availability as unknown", kind)
+            self._loaded[kind] = False
 
     async def _list(self, kind: str, list_fn: Any, apply: Any, kwargs: dict[str, Any]) -> str:
         import json

@@ -137,3 +137,15 @@ def test_view_tracks_most_free_on_one_node() -> None:
     view.apply_node("MODIFIED", node("b", unschedulable=True))  # cordoned
     av = view.availability(MODELS)["h100"]
     assert (av.free, av.total, av.max_on_node) == (5, 8, 5)
+
+
+def test_view_that_keeps_failing_reports_unknown_not_old_numbers() -> None:
+    """Old numbers must not refuse spawns while the watch is down: availability becomes unknown."""
+    view = ClusterGpuView(api=None)
+    view.apply_node("ADDED", node("a"))
+    view._loaded = {"nodes": True, "pods": True}
+    assert view.availability(MODELS) is not None
+    view._note_failure("pods", ConnectionError("api away"), 1.0)  # a blip: keep the view
+    assert view.availability(MODELS) is not None
+    view._note_failure("pods", ConnectionError("api away"), 8.0)  # failing for a while: stale
+    assert view.availability(MODELS) is None
