@@ -74,8 +74,6 @@ class TaskSampler:
         self._procs: dict[str, tuple[int, psutil.Process]] = {}
         self._tasks: dict[str, TaskProcess] = {}
         self.gpus = gpus if gpus is not None else GpuReader()
-        self._self = psutil.Process()
-        self._self.cpu_percent(None)
 
     def track(self, task: TaskProcess) -> None:
         self._tasks[task.name] = task
@@ -105,7 +103,3 @@ class TaskSampler:
             rec["gpus"] = [self.gpus.read(i) for i in task.gpu_indices]
             out[name] = rec
         return {"type": "metrics", "t": time.time(), "tasks": out}
-
-    def own_cpu_percent(self) -> float:
-        """The sampler's (and its host process's) CPU since the last call: its own cost."""
-        return self._self.cpu_percent(None)

@@ -42,8 +42,3 @@ def bring_up_loopback() -> None:
         ifreq = struct.pack("16sh", b"lo", 0)
         flags = struct.unpack("16sh", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, ifreq))[1]
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | IFF_UP))
-
-
-def interfaces() -> list[str]:
-    """Interfaces this process sees: only `lo` inside a job's namespace."""
-    return sorted(name for _, name in socket.if_nameindex())
