@@ -7,17 +7,20 @@ synchronous check-and-take, so two spawns racing on the hub's event loop cannot 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tfdist.gpus import GpuInfo, GpuInventory
+from tfdist.gpus import GpuInfo, GpuInventory, visible_gpus
 
 from .profiles import GpuModel
 
 __all__ = ["CorePicker", "GpuAllocator", "GpuShortage", "ModelAvailability"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,17 +52,23 @@ class GpuAllocator:
 
     Owners are opaque strings (``user/server``). The inventory is read once and cached: GPUs do not come and
     go while the hub runs, and NVML calls cost milliseconds a form render should not pay.
+
+    Only the GPUs the hub process itself may see are handed out: when the hub runs with
+    ``CUDA_VISIBLE_DEVICES`` set (NVML indices or UUIDs), the inventory is narrowed to those, so an admin
+    can keep GPUs away from the hub's users. `environ` defaults to the hub's own environment.
     """
 
-    def __init__(self, inventory: GpuInventory) -> None:
+    def __init__(self, inventory: GpuInventory, environ: Mapping[str, str] | None = None) -> None:
         self._inventory = inventory
+        self._environ = environ
         self._gpus: list[GpuInfo] | None = None
         self._held: dict[int, str] = {}
         self._lock = threading.Lock()
 
     def gpus(self) -> list[GpuInfo]:
         if self._gpus is None:
-            self._gpus = sorted(self._inventory.gpus(), key=lambda g: g.index)
+            env = dict(os.environ if self._environ is None else self._environ)
+            self._gpus = sorted(visible_gpus(self._inventory, env), key=lambda g: g.index)
         return self._gpus
 
     def _matching(self, model: GpuModel) -> list[GpuInfo]:
@@ -88,14 +97,32 @@ class GpuAllocator:
                 self._held[g.index] = owner
             return taken
 
-    def adopt(self, owner: str, indices: Iterable[int]) -> list[int]:
-        """Re-register GPUs a still-running server held before a hub restart; returns those now held."""
+    def adopt(
+        self,
+        owner: str,
+        indices: Iterable[int],
+        logger: logging.Logger | logging.LoggerAdapter = log,
+    ) -> list[int]:
+        """Re-register GPUs a still-running server held before a hub restart; returns those now held.
+
+        An index another owner holds already is not taken (it stays with that owner), but the server still
+        runs with it in its CUDA_VISIBLE_DEVICES: that sharing is logged as a warning for the admin.
+        """
         with self._lock:
             ok = []
             for i in indices:
-                if self._held.get(i, owner) == owner:
+                other = self._held.get(i, owner)
+                if other == owner:
                     self._held[i] = owner
                     ok.append(i)
+                else:
+                    logger.warning(
+                        "tfdist: %s held GPU %s before the hub restart, but %s holds it now; "
+                        "both servers may use that GPU until one of them stops",
+                        owner,
+                        i,
+                        other,
+                    )
             return ok
 
     def release(self, owner: str) -> None:
@@ -130,6 +157,20 @@ class CorePicker:
         with self._lock:
             self._release_locked(owner)
             chosen = sorted(sorted(self._cores, key=lambda c: (self._use[c], c))[:want])
+            for c in chosen:
+                self._use[c] += 1
+            self._owners[owner] = chosen
+            return chosen
+
+    def adopt(self, owner: str, cores: Iterable[int]) -> list[int]:
+        """Re-register the cores a still-running server was pinned to before a hub restart.
+
+        Cores are shared, so there is no conflict; cores this hub may not use are dropped from the count
+        (the server keeps its affinity; the kernel, not this picker, enforces it). Returns those counted.
+        """
+        with self._lock:
+            self._release_locked(owner)
+            chosen = sorted({int(c) for c in cores if int(c) in self._use})
             for c in chosen:
                 self._use[c] += 1
             self._owners[owner] = chosen

@@ -14,6 +14,10 @@ Fallback (cgroup v1 hosts, read-only /sys/fs/cgroup, no delegation): a watchdog 
 memory of each server's process tree every few seconds and, above the limit, kills the largest process
 of the tree that is not the server itself (normally the kernel that grew), else the server. It is coarser
 than the kernel's OOM killer (a fast allocation can overshoot between checks), and the hub log says so.
+Each check also records the server's process tree (pids with their create times, `record_tree`): kernels
+run in sessions of their own and outlive a server that dies, so once the server is found gone the hub ends
+the recorded processes still running (`kill_recorded`) before its GPUs go to the next user. What starts and
+detaches between two checks is not seen; a cgroup (cgroup.kill) has no such gap.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ __all__ = [
     "CgroupV2",
     "cgroup2_mount",
     "find_cgroup_parent",
+    "kill_recorded",
     "own_cgroup_path",
     "pick_victim",
+    "record_tree",
     "tree_rss",
 ]
 
@@ -146,10 +152,14 @@ class CgroupV2:
     parent: Path
     cpu: bool = True
 
-    def path_for(self, owner: str) -> Path:
+    @staticmethod
+    def name_for(owner: str) -> str:
         # readable, and one-to-one (the hash): "a+b/" and "a_b/" must not share a cgroup
         digest = hashlib.sha256(owner.encode()).hexdigest()[:12]
-        return self.parent / f"tfdist-{_NAME_BAD.sub('_', owner)[:40]}-{digest}"
+        return f"tfdist-{_NAME_BAD.sub('_', owner)[:40]}-{digest}"
+
+    def path_for(self, owner: str) -> Path:
+        return self.parent / self.name_for(owner)
 
     def create(self, owner: str, memory_bytes: int, cpu: float | None) -> Path:
         path = self.path_for(owner)
@@ -177,7 +187,11 @@ class CgroupV2:
         return join
 
     def remove(self, owner: str) -> None:
-        path = self.path_for(owner)
+        self.remove_path(self.path_for(owner))
+
+    @staticmethod
+    def remove_path(path: Path) -> None:
+        """Kill whatever still runs in the cgroup at `path` (cgroup.kill), then remove it."""
         if not path.exists():
             return
         kill = path / "cgroup.kill"
@@ -200,6 +214,63 @@ def tree_rss(pid: int) -> list[tuple[int, int]]:
         with contextlib.suppress(psutil.Error):
             out.append((p.pid, p.memory_info().rss))
     return out
+
+
+def record_tree(
+    server_pid: int, seen: dict[int, float], server_created: float | None = None
+) -> dict[int, float]:
+    """Add the server's live process tree to `seen` ({pid: create_time}); returns `seen`.
+
+    For the fallback (no cgroup): kernels run in sessions of their own and are re-parented when the server
+    dies, so the tree must be known *before* it dies to end what it leaves behind (see `kill_recorded`).
+    Entries whose process is gone (or whose pid now names another process) are dropped, so the record stays
+    small. With `server_created`, nothing is added when `server_pid` now names another process.
+    """
+    for pid, created in list(seen.items()):
+        if not _same_process(pid, created):
+            del seen[pid]
+    try:
+        root = psutil.Process(server_pid)
+        if server_created is not None and root.create_time() != server_created:
+            return seen
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return seen
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            seen[p.pid] = p.create_time()
+    return seen
+
+
+def _same_process(pid: int, created: float) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def kill_recorded(seen: dict[int, float], wait: float = 1.0) -> list[int]:
+    """SIGKILL each recorded process that still runs (same pid *and* create_time); returns their pids.
+
+    Waits up to `wait` seconds for them to be gone, so GPUs they held are free before they are handed on.
+    """
+    killed: list[tuple[psutil.Process, bool]] = []
+    for pid, created in seen.items():
+        if pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            if p.create_time() != created or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            ours = p.ppid() == os.getpid()  # the hub's own child: its Popen reaps it, not us
+            p.kill()
+            killed.append((p, ours))
+    others = [p for p, ours in killed if not ours]
+    if others and wait > 0:
+        with contextlib.suppress(psutil.Error):
+            psutil.wait_procs(others, timeout=wait)
+    return [p.pid for p, _ in killed]
 
 
 def pick_victim(tree: list[tuple[int, int]], server_pid: int, limit_bytes: int) -> int | None:

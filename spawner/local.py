@@ -13,7 +13,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from tfdist.gpus import GpuInventory, NvmlInventory
 
 from .allocator import CorePicker, GpuAllocator, GpuShortage, ModelAvailability
 from .base import GpuFormMixin, user_error
-from .limits import CgroupV2, enforce_once, find_cgroup_parent
+from .limits import CgroupV2, enforce_once, find_cgroup_parent, kill_recorded, record_tree
 from .profiles import Profile, ProfilesConfig
 from .validation import Choice
 
@@ -94,6 +93,10 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
     _tfdist_core_list: list[int]
     _tfdist_watchdog: PeriodicCallback | None = None
     _tfdist_cgroup_path: Path | None = None
+    _tfdist_mem_limit: int | None = None
+    # the server's process tree as last seen, {pid: create_time}: what to end once the server is gone
+    _tfdist_tree: dict[int, float] | None = None
+    _tfdist_server_created: float | None = None
 
     @default("home_dir_template")
     def _home_dir_template_default(self) -> str:
@@ -189,6 +192,9 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
                 ) from None
         self._tfdist_gpu_indices = [g.index for g in gpus]
         self._tfdist_core_list = self.tfdist_cores().pick(owner, choice.cpu)
+        self._tfdist_mem_limit = choice.memory_bytes
+        self._tfdist_tree = {}
+        self._tfdist_server_created = None
         try:
             self._prepare_home()
             cg = self.tfdist_cgroup()
@@ -197,6 +203,7 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
         except BaseException:
             self._tfdist_release()
             raise
+        self._tfdist_record_tree()
         if self._tfdist_cgroup_path is None and self.memory_check_interval > 0:
             self._start_watchdog(choice.memory_bytes)
         self.log.info(
@@ -249,41 +256,65 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
             env["CPU_LIMIT"] = f"{choice.cpu:g}"
         return env
 
+    def _tfdist_record_tree(self) -> None:
+        """Remember the server's process tree (pids + create times), to end it once the server is gone."""
+        if not self.pid:
+            return
+        if self._tfdist_tree is None:
+            self._tfdist_tree = {}
+        if self._tfdist_server_created is None:
+            with contextlib.suppress(psutil.Error):
+                self._tfdist_server_created = psutil.Process(self.pid).create_time()
+        record_tree(self.pid, self._tfdist_tree, self._tfdist_server_created)
+
     def _start_watchdog(self, limit: int) -> None:
+        if self._tfdist_watchdog is not None:
+            self._tfdist_watchdog.stop()
+
         def check() -> None:
             if self.pid:
+                self._tfdist_record_tree()
                 enforce_once(self.pid, limit, self.log)
 
         self._tfdist_watchdog = PeriodicCallback(check, self.memory_check_interval * 1000)
         self._tfdist_watchdog.start()
 
+    def _tfdist_kill_leftovers(self) -> None:
+        """End what the server left behind (recorded while it ran), before its GPUs go to someone else."""
+        tree = self._tfdist_tree or {}
+        self._tfdist_tree = {}
+        self._tfdist_server_created = None
+        killed = kill_recorded(tree)
+        if killed:
+            self.log.warning(
+                "tfdist: ended %d process(es) %s/%s left behind: pids %s",
+                len(killed),
+                self.user.name,
+                self.name,
+                killed,
+            )
+
     def _tfdist_release(self) -> None:
         owner = self.tfdist_owner
-        self.tfdist_allocator().release(owner)
-        self.tfdist_cores().release(owner)
         if self._tfdist_watchdog is not None:
             self._tfdist_watchdog.stop()
             self._tfdist_watchdog = None
-        cg = self.tfdist_cgroup() if self._tfdist_cgroup_path else None
-        if cg is not None:
-            cg.remove(owner)
+        self._tfdist_kill_leftovers()
+        if self._tfdist_cgroup_path is not None:
+            CgroupV2.remove_path(self._tfdist_cgroup_path)  # cgroup.kill: ends all left in it
+        self.tfdist_allocator().release(owner)
+        self.tfdist_cores().release(owner)
         self._tfdist_cgroup_path = None
+        self._tfdist_mem_limit = None
         self._tfdist_gpu_indices = []
         self._tfdist_core_list = []
 
     async def stop(self, now: bool = False) -> None:
-        leftovers = []
-        if self.pid:
-            # kernels run in sessions of their own; remember them to end any the server leaves behind
-            with contextlib.suppress(psutil.Error):
-                leftovers = psutil.Process(self.pid).children(recursive=True)
+        # kernels run in sessions of their own; remember them to end any the server leaves behind
+        self._tfdist_record_tree()
         try:
             await super().stop(now=now)
         finally:
-            for p in leftovers:
-                with contextlib.suppress(psutil.Error, ProcessLookupError):
-                    if p.is_running():
-                        p.send_signal(signal.SIGKILL)
             self._tfdist_release()
 
     # ---- state: GPUs held by a server that outlives a hub restart -------------------------------------
@@ -294,14 +325,56 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
             state["tfdist_gpus"] = list(self._tfdist_gpu_indices)
         if self.pid and getattr(self, "_tfdist_core_list", None):
             state["tfdist_cores"] = list(self._tfdist_core_list)
+        if self.pid and self._tfdist_cgroup_path is not None:
+            state["tfdist_cgroup"] = str(self._tfdist_cgroup_path)
+        if self.pid and self._tfdist_mem_limit:
+            state["tfdist_memory"] = int(self._tfdist_mem_limit)
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
+        """Adopt a server that outlived a hub restart: its GPUs, cores, cgroup or watchdog come back."""
         super().load_state(state)
-        if self.pid and psutil.pid_exists(self.pid):
-            held = self.tfdist_allocator().adopt(self.tfdist_owner, state.get("tfdist_gpus") or [])
-            self._tfdist_gpu_indices = held
-            self._tfdist_core_list = list(state.get("tfdist_cores") or [])
+        if not self.pid:
+            return
+        # even for a server that died meanwhile: release (clear_state) then ends what is left in the cgroup
+        self._tfdist_cgroup_path = self._tfdist_saved_cgroup(state.get("tfdist_cgroup"))
+        if not psutil.pid_exists(self.pid):
+            return
+        owner = self.tfdist_owner
+        gpus = [int(i) for i in state.get("tfdist_gpus") or [] if isinstance(i, int)]
+        self._tfdist_gpu_indices = self.tfdist_allocator().adopt(owner, gpus, self.log)
+        cores = [int(c) for c in state.get("tfdist_cores") or [] if isinstance(c, int)]
+        self.tfdist_cores().adopt(owner, cores)
+        self._tfdist_core_list = cores
+        mem = state.get("tfdist_memory")
+        if not isinstance(mem, int) and self.tfdist_choice is not None:
+            mem = self.tfdist_choice.memory_bytes
+        self._tfdist_mem_limit = mem if isinstance(mem, int) and mem > 0 else None
+        self._tfdist_tree = {}
+        self._tfdist_server_created = None
+        self._tfdist_record_tree()
+        if self._tfdist_cgroup_path is None and self.memory_check_interval > 0:
+            if self._tfdist_mem_limit:
+                self._start_watchdog(self._tfdist_mem_limit)
+            else:
+                self.log.warning("tfdist: no memory limit known for adopted server %s; no watchdog", owner)
+        self.log.info(
+            "Adopted %s: GPUs %s, cores %s, %s",
+            owner,
+            self._tfdist_gpu_indices or "none",
+            cores,
+            f"cgroup {self._tfdist_cgroup_path}" if self._tfdist_cgroup_path else "watchdog",
+        )
+
+    def _tfdist_saved_cgroup(self, saved: Any) -> Path | None:
+        """The cgroup path from saved state, if it is this server's (state is data: never trust a path)."""
+        if not isinstance(saved, str) or not saved:
+            return None
+        path = Path(saved)
+        if not path.is_absolute() or ".." in path.parts or path.name != CgroupV2.name_for(self.tfdist_owner):
+            self.log.warning("tfdist: ignoring saved cgroup %r of %s", saved, self.tfdist_owner)
+            return None
+        return path
 
     def clear_state(self) -> None:
         had_pid = bool(self.pid)

@@ -347,3 +347,22 @@ def test_bad_input_by_spawn_url_query(hub: RunningHub) -> None:
     assert r.status_code == 400
     assert "not from a link" in error_text(r)
     assert hub.servers("alice") == {}
+
+
+def test_hub_cuda_visible_devices_reserves_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hub started with CUDA_VISIBLE_DEVICES=0,2 on a 3-GPU machine hands out only GPUs 0 and 2."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    h = start_hub(tmp_path, profiles_yaml=PROFILES, fake_gpus=FAKE_GPUS, groups=GROUPS)
+    try:
+        assert "NVIDIA H100 80GB: 2 of 2 free" in _free_text(h.spawn_form("alice").text)
+        ok = h.api("POST", "/users/alice/server", json={"user_options": as_json(_with(GPU, gpus="2"))})
+        assert ok.status_code in (201, 202), ok.text
+        h.wait_ready("alice")
+        env = _env_of(h.server_pid("alice"))
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,2" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        r = h.api("POST", "/users/bob/server", json={"user_options": as_json(GPU)})
+        assert r.status_code == 400 and "only 0 free" in r.json()["message"]
+        h.stop_server("alice")
+        assert "NVIDIA H100 80GB: 2 of 2 free" in _free_text(h.spawn_form("bob").text)
+    finally:
+        h.stop()

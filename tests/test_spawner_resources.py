@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import signal
 import subprocess
 import sys
 import sys as _sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 _sys.path.insert(0, str(Path(__file__).parent / "doubles"))
 from fake_nvml import FakeNvmlInventory
+from hub_objects import FakeHub, FakeHubUser
 
-from tfdist.spawner.allocator import CorePicker, GpuAllocator, GpuShortage
+from tfdist.spawner import local
+from tfdist.spawner.allocator import CorePicker, GpuAllocator, GpuShortage, ModelAvailability
 from tfdist.spawner.limits import (
     CgroupV2,
     cgroup2_mount,
     enforce_once,
     find_cgroup_parent,
+    kill_recorded,
     own_cgroup_path,
     pick_victim,
+    record_tree,
 )
 from tfdist.spawner.local import safe_dirname
 from tfdist.spawner.profiles import GpuModel
@@ -127,3 +138,211 @@ def test_watchdog_kills_a_real_hog() -> None:
 )
 def test_safe_dirname(name: str, expect: str) -> None:
     assert safe_dirname(name) == expect
+
+
+# ---- the hub's own CUDA_VISIBLE_DEVICES ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("visible", ["0,2", "GPU-fake-0000,GPU-fake-0002", "2,0"])
+def test_only_gpus_the_hub_sees_are_handed_out(visible: str) -> None:
+    inv = FakeNvmlInventory(["NVIDIA H100 80GB HBM3"] * 3)
+    alloc = GpuAllocator(inv, environ={"CUDA_VISIBLE_DEVICES": visible})
+    assert alloc.availability({"h100": H100})["h100"] == ModelAvailability(free=2, total=2)
+    assert [g.index for g in alloc.reserve("alice/", "h100", H100, 2)] == [0, 2]  # NVML indices
+    with pytest.raises(GpuShortage):
+        alloc.reserve("bob/", "h100", H100, 1)
+
+
+def test_hub_without_cuda_visible_devices_sees_all() -> None:
+    inv = FakeNvmlInventory(["NVIDIA H100 80GB HBM3"] * 3)
+    assert len(GpuAllocator(inv, environ={}).gpus()) == 3
+    assert GpuAllocator(inv, environ={"CUDA_VISIBLE_DEVICES": ""}).gpus() == []
+
+
+# ---- adopting servers after a hub restart ----------------------------------------------------------------
+
+
+def test_gpu_adopt_conflict_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    alloc = GpuAllocator(FakeNvmlInventory(["NVIDIA H100 80GB HBM3"] * 2))
+    alloc.reserve("bob/", "h100", H100, 1)
+    with caplog.at_level(logging.WARNING, logger="tfdist.spawner.allocator"):
+        assert alloc.adopt("carol/", [0, 1]) == [1]
+    assert "carol/ held GPU 0" in caplog.text and "bob/ holds it now" in caplog.text
+    assert alloc.held_by("carol/") == [1] and alloc.held_by("bob/") == [0]
+
+
+def test_core_adopt_counts_cores_again() -> None:
+    picker = CorePicker([0, 1, 2, 3])
+    assert picker.adopt("a", [1, 2, 99]) == [1, 2]  # 99: not one of the hub's cores
+    assert picker.pick("b", 2) == [0, 3]  # no double booking of 1 and 2
+    picker.release("a")
+    assert picker.pick("c", 2) == [1, 2]
+
+
+@pytest.fixture
+def fresh_hub_objects(monkeypatch: pytest.MonkeyPatch) -> Iterator[CorePicker]:
+    """The per-hub allocator registry and core picker, empty for this test (as after a hub restart)."""
+    cores = CorePicker([0, 1, 2, 3])
+    monkeypatch.setattr(local, "_allocators", {})
+    monkeypatch.setattr(local, "_cores", cores)
+    monkeypatch.setattr(local, "_cgroup", None)
+    yield cores
+
+
+def _spawner(name: str = "alice", **kw: Any) -> local.TfdistLocalSpawner:
+    kw.setdefault("gpu_inventory", FakeNvmlInventory(["NVIDIA H100 80GB HBM3"] * 3))
+    kw.setdefault("cgroup_mode", "off")
+    return local.TfdistLocalSpawner(user=FakeHubUser(name), hub=FakeHub(), **kw)
+
+
+def _sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _end(*procs: subprocess.Popen[bytes]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+async def test_load_state_restores_watchdog_gpus_and_cores(fresh_hub_objects: CorePicker) -> None:
+    server = _sleeper()
+    sp = _spawner(memory_check_interval=0.05)
+    try:
+        state = {"pid": server.pid, "tfdist_gpus": [1], "tfdist_cores": [2, 3], "tfdist_memory": 2**30}
+        sp.load_state(state)
+        assert sp.tfdist_allocator().held_by("alice/") == [1]
+        assert fresh_hub_objects.pick("bob/", 2) == [0, 1]  # 2 and 3 are booked again
+        assert sp._tfdist_watchdog is not None and sp._tfdist_watchdog.is_running()
+        assert sp._tfdist_cgroup_path is None
+        assert {k: sp.get_state()[k] for k in state} == state  # survives the next restart too
+        await asyncio.sleep(0.2)
+        assert server.pid in (sp._tfdist_tree or {})  # the watchdog ticks
+        server.kill()
+        server.wait()
+        assert await sp.poll() == 0
+        assert sp._tfdist_watchdog is None
+        assert sp.tfdist_allocator().held_by("alice/") == []
+        assert fresh_hub_objects.pick("carol/", 2) == [2, 3]
+    finally:
+        sp.clear_state()
+        _end(server)
+
+
+async def test_load_state_restores_cgroup(fresh_hub_objects: CorePicker, tmp_path: Path) -> None:
+    server = _sleeper()
+    sp = _spawner(memory_check_interval=0.05)
+    cgroup = tmp_path / CgroupV2.name_for("alice/")
+    cgroup.mkdir()
+    (cgroup / "cgroup.kill").write_text("0")
+    try:
+        sp.load_state({"pid": server.pid, "tfdist_gpus": [0], "tfdist_cgroup": str(cgroup)})
+        assert sp._tfdist_cgroup_path == cgroup
+        assert sp._tfdist_watchdog is None  # the kernel enforces the limit
+        assert sp.get_state()["tfdist_cgroup"] == str(cgroup)
+        assert sp.tfdist_allocator().held_by("alice/") == [0]
+        sp.clear_state()
+        assert (cgroup / "cgroup.kill").read_text() == "1"  # release kills what runs in it
+        assert sp.tfdist_allocator().held_by("alice/") == []
+    finally:
+        sp.clear_state()
+        _end(server)
+
+
+async def test_load_state_ignores_a_foreign_cgroup_path(
+    fresh_hub_objects: CorePicker, tmp_path: Path
+) -> None:
+    server = _sleeper()
+    sp = _spawner(memory_check_interval=0.05)
+    other = tmp_path / CgroupV2.name_for("bob/")
+    other.mkdir()
+    (other / "cgroup.kill").write_text("0")
+    try:
+        sp.load_state({"pid": server.pid, "tfdist_cgroup": str(other), "tfdist_memory": 2**30})
+        assert sp._tfdist_cgroup_path is None
+        assert sp._tfdist_watchdog is not None  # no cgroup: the fallback runs
+        sp.clear_state()
+        assert (other / "cgroup.kill").read_text() == "0"
+    finally:
+        sp.clear_state()
+        _end(server)
+
+
+def test_load_state_of_a_dead_server_takes_nothing(fresh_hub_objects: CorePicker) -> None:
+    dead = _sleeper()
+    _end(dead)
+    sp = _spawner()
+    sp.load_state({"pid": dead.pid, "tfdist_gpus": [0, 1], "tfdist_cores": [0], "tfdist_memory": 2**30})
+    assert sp.tfdist_allocator().held_by("alice/") == []
+    assert sp._tfdist_watchdog is None
+    sp.clear_state()
+
+
+# ---- what a dead server leaves behind (watchdog mode) ----------------------------------------------------
+
+_SERVER = (
+    "import subprocess, sys\n"
+    "sys.stdin.readline()\n"
+    "k = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+    "print(k.pid, flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+
+
+async def test_leftovers_of_a_dead_server_are_ended_before_its_gpus_go(fresh_hub_objects: CorePicker) -> None:
+    server = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert server.stdin is not None and server.stdout is not None
+    sp = _spawner(memory_check_interval=0.05)
+    kernel = 0
+    try:
+        sp.load_state({"pid": server.pid, "tfdist_gpus": [0, 2], "tfdist_memory": 2**30})
+        server.stdin.write(b"\n")
+        server.stdin.flush()
+        kernel = int(server.stdout.readline())  # started after adoption: only a watchdog tick sees it
+        await asyncio.sleep(0.3)
+        assert kernel in (sp._tfdist_tree or {})
+        server.kill()  # the server dies by itself; its kernel (own session) lives on, re-parented
+        server.wait()
+        assert not _gone(kernel)
+
+        alloc = sp.tfdist_allocator()
+        seen_at_release = []
+        real_release = alloc.release
+
+        def release(owner: str) -> None:
+            seen_at_release.append(_gone(kernel))
+            real_release(owner)
+
+        alloc.release = release  # type: ignore[method-assign]
+        assert await sp.poll() == 0  # the hub's poll finds it dead
+        assert seen_at_release == [True]  # ended before the GPUs were free again
+        assert alloc.held_by("alice/") == []
+    finally:
+        sp.clear_state()
+        if kernel and not _gone(kernel):
+            os.kill(kernel, signal.SIGKILL)
+        _end(server)
+
+
+def test_kill_recorded_checks_create_time() -> None:
+    proc = _sleeper()
+    try:
+        created = psutil.Process(proc.pid).create_time()
+        assert kill_recorded({proc.pid: created + 1.0}) == []  # the pid now names another process
+        assert proc.poll() is None
+        tree = record_tree(proc.pid, {}, created)
+        assert tree == {proc.pid: created}
+        assert record_tree(proc.pid, {}, created + 1.0) == {}
+        assert kill_recorded(tree) == [proc.pid]
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert record_tree(proc.pid, dict(tree)) == {}  # gone: dropped from the record
+    finally:
+        _end(proc)
