@@ -35,7 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.kube_plane import ControlPlane  # noqa: E402
+from tests.kube_plane import ControlPlane, node_usable  # noqa: E402
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-40GB"  # hub_config/profiles.yaml's "a100"
@@ -119,18 +119,7 @@ def create_nodes(plane: ControlPlane, count: int, start_index: int, threads: int
 
 def usable_nodes(plane: ControlPlane) -> int:
     nodes = plane.request("GET", "/api/v1/nodes?labelSelector=type%3Dkwok", timeout=60)["items"]
-    n = 0
-    for node in nodes:
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in node.get("status", {}).get("conditions", [])
-        )
-        blocked = any(
-            t.get("key") in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-            for t in node.get("spec", {}).get("taints", []) or []
-        )
-        n += ready and not blocked
-    return n
+    return sum(node_usable(node) for node in nodes)
 
 
 def wait_usable(plane: ControlPlane, want: int, timeout: float = 300) -> float:

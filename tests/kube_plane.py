@@ -187,6 +187,19 @@ def _write_pki(d: Path) -> None:
 # --------------------------------------------------------------------------------------- the plane
 
 
+def node_usable(node: dict) -> bool:
+    """Ready, and without the not-ready/unreachable taints the controller-manager removes: schedulable."""
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in node.get("status", {}).get("conditions", [])
+    )
+    blocked = any(
+        t.get("key") in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+        for t in node.get("spec", {}).get("taints", []) or []
+    )
+    return ready and not blocked
+
+
 class ControlPlaneError(RuntimeError):
     pass
 
@@ -335,17 +348,7 @@ class ControlPlane:
 
     def _node_usable(self, name: str) -> bool:
         node = self.get(f"/api/v1/nodes/{name}")
-        if not node:
-            return False
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in node.get("status", {}).get("conditions", [])
-        )
-        blocked = any(
-            t.get("key") in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-            for t in node.get("spec", {}).get("taints", []) or []
-        )
-        return ready and not blocked
+        return bool(node) and node_usable(node)
 
     def create_namespace(self, name: str, timeout: float = 60.0) -> str:
         """Create a namespace and wait for its default ServiceAccount (created by KCM; pods need it)."""
