@@ -38,6 +38,8 @@ USAGE = """\
 %tfdist stop NAME | --all         end a job (and every process it holds)"""
 
 REFRESH_S = 1.0
+# The shell's own names: never shipped (a user's `_data` is, though)
+SHELL_NAMES = frozenset({"get_ipython", "exit", "quit", "In", "Out", "_ih", "_oh", "_dh"})
 
 
 def _require_tensorflow() -> None:
@@ -141,7 +143,7 @@ class TfdistMagics(Magics):
             image=self.settings.worker_image,
         )
         validate(spec, len(gpus) if opts.backend == "local" else None)
-        reads = [n for n in names.reads if n in self.shell.user_ns and not n.startswith("_")]
+        reads = [n for n in names.reads if n in self.shell.user_ns and n not in SHELL_NAMES]
         blob = payload.pack(source, reads, self.shell.user_ns, line_offset=1)
         return spec, blob, gpus
 

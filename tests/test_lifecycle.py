@@ -115,8 +115,10 @@ def test_worker_killed_mid_fit_the_fit_completes(tf_kernel):
 
 
 def test_coordinator_error_shows_the_cells_line_and_cleans_up(tf_kernel):
+    # `_three` also checks that a notebook name starting with "_" travels (only the shell's own names stay)
+    assert tf_kernel.execute("_three = 3", timeout=30).error is None
     r = tf_kernel.execute(
-        "%%tfdist run --name broken\nn = 3\nhistory = model.fit(train_ds, epochs=1, steps_per_epoch=2)\n"
+        "%%tfdist run --name broken\nn = _three\nhistory = model.fit(train_ds, epochs=1, steps_per_epoch=2)\n"
         "ratio = n / (n - 3)\n",
         timeout=300,
     )
