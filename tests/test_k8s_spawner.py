@@ -45,6 +45,16 @@ GPU = "nvidia.com/gpu"
 IMAGE = "quay.io/jupyter/tensorflow-notebook:cuda-2026-06-01"
 
 
+async def no_foreign_gpu_pods(core: Any, ns: str) -> bool:
+    pods = (await core.list_pod_for_all_namespaces()).items
+    return not [
+        p
+        for p in pods
+        if p.metadata.namespace != ns
+        and any((c.resources.limits or {}).get(GPU) for c in p.spec.containers if c.resources)
+    ]
+
+
 async def wait_for(what: str, probe: Any, timeout: float = 30.0, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     last = None
@@ -233,6 +243,9 @@ async def test_spawn_placed_refused_beyond_one_node_and_raced_spawn_pending(
     bob_start: asyncio.Future[Any] | None = None
     try:
         await wait_for("view loaded", lambda: view.loaded)
+        # The plane is shared by the session: GPU pods of earlier tests may still be going away, and this test
+        # counts free GPUs exactly. Start once no other namespace holds a GPU pod.
+        await wait_for("no GPU pods of other tests", lambda: no_foreign_gpu_pods(core, ns), timeout=90)
         h_free, _ = await expected_gpus(core, H100)
 
         opts = gpu_options(2)
