@@ -3,7 +3,8 @@
 # shellcheck shell=bash
 TFDIST_CACHE=${TFDIST_CACHE:-$HOME/.cache/tfdist}
 _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-_key=$( (cat "$_root/scripts/requirements.txt"; python3 --version) | sha256sum | cut -c1-12)
+_key=$( (cat "$_root/scripts/requirements.txt" "$_root/scripts/requirements-nodeps.txt"; python3 --version) |
+  sha256sum | cut -c1-12)
 VENV="$TFDIST_CACHE/venv-$_key"
 
 GO_VERSION=${GO_VERSION:-1.26.8}
@@ -54,6 +55,10 @@ PY
 }
 
 ensure_venv() {
+  mkdir -p "$TFDIST_CACHE"
+  # one builder at a time: a second command started meanwhile waits instead of deleting the venv under it
+  exec {_venv_lock}>"$TFDIST_CACHE/.venv.lock"
+  flock "$_venv_lock"
   if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
     echo "== building venv $VENV (first run only; about 2 GB)" >&2
     rm -rf "$VENV"
@@ -62,8 +67,11 @@ ensure_venv() {
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
     "$VENV/bin/pip" install -q -r "$_root/scripts/requirements.txt"
+    "$VENV/bin/pip" install -q --no-deps -r "$_root/scripts/requirements-nodeps.txt"
     touch "$VENV/.complete"
   fi
+  flock -u "$_venv_lock"
+  exec {_venv_lock}>&-
   export PATH="$VENV/bin:$PATH"
 }
 
@@ -84,5 +92,7 @@ ensure_chromium() {
 
 install_project() {
   # Non-editable on purpose: the tests run against the wheel users get (namespace mapping, prebuilt extension).
-  (cd "$_root" && "$VENV/bin/pip" install -q --no-deps --force-reinstall --no-build-isolation .)
+  # under a lock: two installs into one venv at once leave it half-written
+  (cd "$_root" && flock "$TFDIST_CACHE/.install.lock" \
+    "$VENV/bin/pip" install -q --no-deps --force-reinstall --no-build-isolation .)
 }
