@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import Image, display
 
-from .. import payload
+from .. import memfit, payload
 from ..aio import Portal
 from ..backends import get_backend
 from ..backends.base import Backend, Launch
@@ -143,15 +143,27 @@ class TfdistMagics(Magics):
             image=self.settings.worker_image,
         )
         validate(spec, len(gpus) if opts.backend == "local" else None)
+        if spec.backend == "local":
+            self._check_memory(spec)
         reads = [n for n in names.reads if n in self.shell.user_ns and n not in SHELL_NAMES]
         blob = payload.pack(source, reads, self.shell.user_ns, line_offset=1)
         return spec, blob, gpus
+
+    def _check_memory(self, spec: JobSpec) -> None:
+        """Local tasks share this server's memory limit with the kernel: refuse a job that cannot fit."""
+        budget = memfit.server_budget(os.getppid())
+        if budget is None:
+            return
+        why = memfit.refusal(spec.workers, spec.ps, budget, memfit.load_footprint(self.settings.state_dir))
+        if why:
+            raise TfdistError(why)
 
     def run(self, argv: list[str], cell: str) -> None:
         spec, blob, gpus = self.prepare(argv, cell)
         backend = self.backend(spec.backend)
         try:
-            self.portal.call(backend.submit(spec, blob, Launch(gpus=gpus, cwd=os.getcwd())))
+            launch = Launch(gpus=gpus, cwd=os.getcwd(), env={memfit.SERVER_PID_ENV: str(os.getppid())})
+            self.portal.call(backend.submit(spec, blob, launch))
         except TfdistError:
             raise  # refused: nothing of this job exists (and a same-named job of before must be left alone)
         except BaseException:  # interrupted mid-submit: the backend undid its part; make sure of it

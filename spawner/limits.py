@@ -273,14 +273,31 @@ def kill_recorded(seen: dict[int, float], wait: float = 1.0) -> list[int]:
     return [p.pid for p, _ in killed]
 
 
-def pick_victim(tree: list[tuple[int, int]], server_pid: int, limit_bytes: int) -> int | None:
-    """Fallback policy: over the limit, the largest non-server process of the tree, else the server."""
+def pick_victim(
+    tree: list[tuple[int, int]], server_pid: int, limit_bytes: int, expendable: Iterable[int] = ()
+) -> int | None:
+    """Fallback policy: over the limit, the largest expendable process (a %%tfdist task, which marks
+    itself with a positive oom_score_adj as the kernel's OOM killer would see it), else the largest
+    non-server process of the tree, else the server. A job's task goes before the kernel that holds
+    the user's work."""
     if sum(rss for _, rss in tree) <= limit_bytes:
         return None
+    spare = set(expendable)
+    marked = [(rss, pid) for pid, rss in tree if pid in spare and pid != server_pid]
+    if marked:
+        return max(marked)[1]
     others = [(rss, pid) for pid, rss in tree if pid != server_pid]
     if others:
         return max(others)[1]
     return server_pid
+
+
+def oom_score_adj(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/oom_score_adj") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
 
 
 def enforce_once(
@@ -288,7 +305,9 @@ def enforce_once(
 ) -> int | None:
     """One watchdog pass; returns the pid it killed, if any."""
     tree = tree_rss(server_pid)
-    victim = pick_victim(tree, server_pid, limit_bytes)
+    if sum(rss for _, rss in tree) <= limit_bytes:
+        return None
+    victim = pick_victim(tree, server_pid, limit_bytes, [pid for pid, _ in tree if oom_score_adj(pid) > 0])
     if victim is None:
         return None
     used = sum(rss for _, rss in tree)

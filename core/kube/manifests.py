@@ -13,7 +13,7 @@ import hashlib
 import re
 from typing import Any
 
-from .. import tf_config
+from .. import taskenv, tf_config
 from ..jobspec import JobSpec
 
 TF_PORT = 2222
@@ -169,11 +169,12 @@ def task_pod(
     DNS name does not change and the old pod need not be gone first."""
     role, _ = tf_config.split_task(task)
     gpus = spec.gpus_per_worker if role == "worker" else 0
+    # threads from --cpu (the pod's limit); without it the task sizes them where it runs (taskenv)
+    tf = taskenv.tf_env(
+        tf_config=tf_config.tf_config(cluster_spec(spec), task), task=task, cpu=spec.cpu, cores=None
+    )
     env = [
-        {"name": "TF_CONFIG", "value": tf_config.tf_config(cluster_spec(spec), task)},
-        {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
-        {"name": "TF_USE_LEGACY_KERAS", "value": "1"},
-        {"name": "TFDIST_TASK", "value": task},
+        *({"name": k, "value": v} for k, v in tf.items()),
         {"name": "TFDIST_AGENT_URL", "value": f"http://{task_host(spec, 'chief-0')}:{AGENT_PORT}"},
         {
             "name": "TFDIST_TOKEN",

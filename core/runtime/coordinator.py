@@ -101,6 +101,9 @@ def run(jobdir: str) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     from tfdist import payload
+    from tfdist.taskenv import ensure_threads
+
+    ensure_threads()  # before TensorFlow reads them
 
     with open(os.path.join(jobdir, "payload.bin"), "rb") as f:
         bundle = payload.unpack(f.read())

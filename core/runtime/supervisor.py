@@ -23,17 +23,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfdist import tf_config
+from tfdist import memfit, taskenv, tf_config
 from tfdist.jobspec import JobSpec, split_gpus
 from tfdist.jobview import JobView
-from tfdist.runtime import events
+from tfdist.runtime import events, history
 from tfdist.sampler import TaskProcess, TaskSampler
+from tfdist.taskenv import THREAD_VARS
 
 PR_SET_PDEATHSIG = 1
 MAX_WORKER_RESTARTS = 3
 KILL_GRACE_S = 3.0
 TICK_S = 1.0
 WATCHER_BUFFER_MAX = 8 * 2**20
+TASK_OOM_SCORE_ADJ = b"800"
 
 
 class StartupError(Exception):
@@ -48,6 +50,16 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != _SUPERVISOR_PID:  # the supervisor died before the prctl took effect
         os._exit(1)
+    # Out of memory, a task goes first, not the kernel: the kernel's OOM killer and the hub's watchdog
+    # both prefer a higher oom_score_adj (raising it needs no privilege).
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, TASK_OOM_SCORE_ADJ)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 @dataclass
@@ -60,6 +72,16 @@ class Task:
     restarts: int = 0
     log: Any = None
     reader: asyncio.Task | None = None
+    killed_for: str | None = None  # why the supervisor killed it, for the messages that follow
+
+
+def _ended(task: Task, code: int | None) -> str:
+    """How a task ended, in words: our own kill says why; a SIGKILL from elsewhere is most often memory."""
+    if task.killed_for:
+        return f"was killed: {task.killed_for}"
+    if code == -signal.SIGKILL:
+        return "was killed (SIGKILL: most often the server's memory limit)"
+    return f"exited with code {code}"
 
 
 def allocate_ports(n: int, base: int | None) -> list[int]:
@@ -105,7 +127,10 @@ class Supervisor:
         self.watchers: set[asyncio.StreamWriter] = set()
         self.pending_logs: list[tuple[str, str]] = []
         self.stop_reason: str | None = None
-        self.ps_failure: str | None = None
+        self.failure: dict[str, str] | None = None  # what ended the job, when it was not the cell
+        self.peaks_mib: dict[str, float] = {}  # per role, remembered for the next job's memory estimate
+        pid = str(self.launch.get("env", {}).get(memfit.SERVER_PID_ENV, ""))
+        self.server_pid = int(pid) if pid.isdigit() else None
         self.stopping = asyncio.Event()
         self.sampler = TaskSampler()
         self.events_r: int | None = None
@@ -135,6 +160,7 @@ class Supervisor:
                 "pid": os.getpid(),
                 "tasks": self.view.tasks,
                 "epoch_logs": self.view.epoch_logs,
+                "metrics": history.downsample(list(self.view.metrics)),  # the panel's charts after the end
             }
             json.dump(self.view.summary() | extra, f)
         os.replace(tmp, os.path.join(self.jobdir, "state.json"))
@@ -225,27 +251,10 @@ class Supervisor:
 
     def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)
-        for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TFDIST_EVENTS_FD", "JPY_PARENT_PID"):
+        for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TFDIST_EVENTS_FD", "JPY_PARENT_PID", *THREAD_VARS):
             env.pop(k, None)
         env.update(self.launch.get("env", {}))
-        env.update(
-            {
-                "GRPC_FAIL_FAST": "use_caller",
-                "TF_USE_LEGACY_KERAS": "1",
-                "PYTHONUNBUFFERED": "1",
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            }
-        )  # CUDA numbers GPUs as NVML does
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        if self.spec.cpu:
-            threads = str(max(1, round(self.spec.cpu)))
-            env.update(
-                {
-                    "TF_NUM_INTRAOP_THREADS": threads,
-                    "TF_NUM_INTEROP_THREADS": threads,
-                    "OMP_NUM_THREADS": threads,
-                }
-            )
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML does
         return env
 
     def build_tasks(self) -> None:
@@ -254,14 +263,14 @@ class Supervisor:
         cluster = tf_config.cluster(tf_config.local_addresses(self.spec.workers, self.spec.ps, ports))
         gpu_ids: list[str] = self.launch.get("gpus", [])
         per_worker = split_gpus(gpu_ids, self.spec.workers, self.spec.gpus_per_worker)
+        cores = taskenv.usable_cores()  # the server's share of the machine (the local hub pins it)
         for name, port in zip(names, ports, strict=True):
             role, idx = tf_config.split_task(name)
             gpus = per_worker[idx] if role == "worker" else []
-            env = self._base_env() | {
-                "TF_CONFIG": tf_config.tf_config(cluster, name),
-                "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-                "TFDIST_TASK": name,
-            }
+            env = self._base_env() | taskenv.tf_env(
+                tf_config=tf_config.tf_config(cluster, name), task=name, cpu=self.spec.cpu, cores=cores
+            )
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
             self.tasks[name] = Task(name=name, port=port, env=env, gpus=gpus)
             self.emit({"type": "task", "task": name, "state": "pending", "gpus": gpus})
 
@@ -282,6 +291,12 @@ class Supervisor:
             self._enforce_memory(sample)
 
     def _enforce_memory(self, sample: dict[str, Any]) -> None:
+        for name, rec in sample["tasks"].items():
+            rss = rec.get("rss (MiB)")
+            if rss is not None:
+                role = tf_config.split_task(name)[0]
+                self.peaks_mib[role] = max(self.peaks_mib.get(role, 0.0), float(rss))
+        self._guard_server_memory()
         limit = self.spec.memory_bytes
         if not limit:
             return
@@ -295,14 +310,26 @@ class Supervisor:
                 and task.proc
                 and task.proc.returncode is None
             ):
-                self.pending_logs.append(
-                    (
-                        name,
-                        f"tfdist: {name} uses {rss:.0f} MiB, over --memory {limit / 2**20:.0f} MiB: killed",
-                    )
-                )
+                task.killed_for = f"it used {rss:.0f} MiB, over --memory {limit / 2**20:.0f} MiB"
+                self.pending_logs.append((name, f"tfdist: {name} killed: {task.killed_for}"))
                 with contextlib.suppress(ProcessLookupError):
                     task.proc.kill()
+
+    def _guard_server_memory(self) -> None:
+        """Stop the job before the server's limit: at the limit the kernel may be the one killed."""
+        if self.server_pid is None or self.stopping.is_set():
+            return
+        budget = memfit.server_budget(self.server_pid)
+        if budget is None or budget.used < budget.limit * memfit.GUARD_SHARE:
+            return
+        why = (
+            f"the notebook server's memory is nearly full ({budget.used / 2**30:.2f} of its "
+            f"{budget.limit / 2**30:.2f} GiB limit, kernel and job together): the job was stopped so that "
+            "the kernel survives; use fewer tasks or start your server with more memory"
+        )
+        self.pending_logs.append(("tfdist", "tfdist: " + why))
+        self.failure = {"type": "OutOfMemory", "message": why, "traceback": ""}
+        self.request_stop(why)
 
     async def _lifeline(self) -> None:
         """Stdin is a pipe from the launching kernel: EOF means the kernel is gone."""
@@ -327,7 +354,7 @@ class Supervisor:
                     self.pending_logs.append(
                         (
                             task.name,
-                            f"tfdist: {task.name} exited with code {code}; "
+                            f"tfdist: {task.name} {_ended(task, code)}; "
                             f"restarting ({task.restarts}/{MAX_WORKER_RESTARTS})",
                         )
                     )
@@ -340,17 +367,18 @@ class Supervisor:
                             "restarts": task.restarts,
                         }
                     )
+                    task.killed_for = None
                     await self._spawn(task, "tfdist.runtime.task")
                 else:
                     self.emit({"type": "task", "task": task.name, "state": "failed", "exit_code": code})
                     task.proc = None
                     if task.name.startswith("ps"):
                         why = (
-                            f"parameter server {task.name} died (code {code}); the fit cannot go on "
+                            f"parameter server {task.name} {_ended(task, code)}; the fit cannot go on "
                             "without it (restart from a checkpoint)"
                         )
                         self.pending_logs.append((task.name, "tfdist: " + why))
-                        self.ps_failure = why
+                        self.failure = {"type": "ParameterServerLost", "message": why, "traceback": ""}
                         self.request_stop(why)
 
     async def _coordinator_events(self, fd: int) -> None:
@@ -395,6 +423,8 @@ class Supervisor:
             lines, self.pending_logs = self.pending_logs, []
             self.emit({"type": "log", "lines": lines})
         state, message, error = outcome
+        if state == "succeeded":
+            memfit.save_footprint(os.path.dirname(os.path.abspath(self.jobdir)), self.peaks_mib)
         ev: dict[str, Any] = {"type": "state", "state": state, "message": message, "t": time.time()}
         if error:
             ev["error"] = error
@@ -434,6 +464,8 @@ class Supervisor:
         done, _ = await asyncio.wait({starting, stop_wait, chief_wait}, return_when=asyncio.FIRST_COMPLETED)
         if stop_wait in done:
             starting.cancel()
+            if self.failure:
+                return ("failed", self.failure["message"], self.failure)
             return ("stopped", self.stop_reason or "stopped", None)
         if starting in done:
             starting.result()  # raises StartupError
@@ -443,9 +475,8 @@ class Supervisor:
             done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             watcher.cancel()
             if chief_wait not in done:
-                if self.ps_failure:
-                    err = {"type": "ParameterServerLost", "message": self.ps_failure, "traceback": ""}
-                    return ("failed", self.ps_failure, err)
+                if self.failure:
+                    return ("failed", self.failure["message"], self.failure)
                 return ("stopped", self.stop_reason or "stopped", None)
         else:  # the coordinator ended before the servers were up: its error says why
             starting.cancel()
@@ -471,7 +502,7 @@ class Supervisor:
             return ("failed", f"{err['type']}: {err['message'][:300]}", err)
         return (
             "failed",
-            f"the coordinator exited with code {chief.proc.returncode}",
+            f"the coordinator {_ended(chief, chief.proc.returncode)}",
             {"type": "CoordinatorExit", "message": f"exit code {chief.proc.returncode}", "traceback": ""},
         )
 

@@ -14,6 +14,9 @@ import sys
 def main() -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    from tfdist.taskenv import ensure_threads
+
+    ensure_threads()  # before TensorFlow reads them
     cfg = json.loads(os.environ["TF_CONFIG"])
     task = cfg["task"]
     # No Python SIGTERM handler: server.join() blocks in C++, so only the default action ends it at once.
