@@ -286,3 +286,57 @@ def error_text(resp: requests.Response) -> str:
 
     m = re.search(r'class="spawn-error-msg[^"]*">(.*?)</p>', resp.text, re.S)
     return html.unescape(m.group(1)).strip() if m else ""
+
+
+@dataclass
+class LocalHubCommand:
+    """`tfdist-local-hub` started as scripts/run-hub starts it (the installed console script), nothing else
+    configured: what a user of the README's main command gets."""
+
+    url: str
+    password: str
+    proc: subprocess.Popen[bytes]
+    state_dir: Path
+    log_path: Path
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        family: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            family = psutil.Process(self.proc.pid).children(recursive=True)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def start_local_hub_command(tmp: Path, *extra: str, timeout: float = 90) -> LocalHubCommand:
+    import re
+
+    port = free_port()
+    exe = Path(sys.executable).parent / "tfdist-local-hub"
+    log_path = tmp / "out.log"
+    state = tmp / "state"
+    args = [str(exe), "--port", str(port), "--state-dir", str(state)]
+    args += ["--examples", str(REPO / "examples"), "--notebook", "digits.ipynb", *extra]
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=hub_env())
+    hub = LocalHubCommand(f"http://127.0.0.1:{port}", "", proc, state, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        m = re.search(r"password\s+(\S+)", hub.output())
+        hub.password = m.group(1) if m else ""
+        with contextlib.suppress(requests.RequestException):
+            if hub.password and requests.get(f"{hub.url}/hub/api/", timeout=2).status_code == 200:
+                return hub
+        time.sleep(0.3)
+    hub.stop()
+    raise AssertionError(f"tfdist-local-hub did not come up:\n{hub.output()[-3000:]}")
