@@ -100,6 +100,50 @@ def test_watchdog_policy() -> None:
     assert pick_victim(tree, 10, 2000) is None
     assert pick_victim(tree, 10, 1000) == 11  # the big kernel, not the server
     assert pick_victim([(10, 5000)], 10, 1000) == 10
+    # a %%tfdist task (expendable) goes before the larger kernel that holds the user's work
+    assert pick_victim(tree, 10, 1000, expendable=[12]) == 12
+    assert pick_victim(tree, 10, 1000, expendable=[10]) == 11  # the server itself is never "expendable"
+
+
+def test_watchdog_ends_a_job_task_before_the_bigger_kernel() -> None:
+    """A real tree: server -> kernel (400 MiB) -> task (150 MiB, oom_score_adj 800 as tasks set it)."""
+    task = (
+        "open('/proc/self/oom_score_adj','w').write('800'); b=bytearray(150*2**20); "
+        "import time; time.sleep(60)"
+    )
+    kernel = (
+        "import subprocess,sys,time; b=bytearray(400*2**20); "
+        f"t=subprocess.Popen([sys.executable,'-c',{task!r}]); time.sleep(60)"
+    )
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess,sys,time; "
+            f"k=subprocess.Popen([sys.executable,'-c',{kernel!r}]); time.sleep(60)",
+        ],
+    )
+    import psutil
+
+    try:
+        deadline = time.monotonic() + 20
+        procs: list[psutil.Process] = []
+        while time.monotonic() < deadline:
+            procs = psutil.Process(server.pid).children(recursive=True)
+            if len(procs) == 2 and all(p.memory_info().rss > 140 * 2**20 for p in procs):
+                break
+            time.sleep(0.2)
+        kernel_p = next(p for p in procs if p.ppid() == server.pid)
+        task_p = next(p for p in procs if p.ppid() == kernel_p.pid)
+        victim = enforce_once(server.pid, 400 * 2**20)
+        assert victim == task_p.pid
+        time.sleep(0.5)
+        assert kernel_p.is_running() and kernel_p.status() != psutil.STATUS_ZOMBIE
+    finally:
+        for child in psutil.Process(server.pid).children(recursive=True):
+            child.kill()
+        server.kill()
+        server.wait()
 
 
 def test_watchdog_kills_a_real_hog() -> None:
