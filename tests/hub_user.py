@@ -84,7 +84,11 @@ class HubUser:
         self.session.get(f"{self.url}/hub/login", timeout=30)
         r = self.session.post(
             f"{self.url}/hub/login",
-            data={"username": self.name, "password": self.password, "_xsrf": self.session.cookies.get("_xsrf")},
+            data={
+                "username": self.name,
+                "password": self.password,
+                "_xsrf": self.session.cookies.get("_xsrf"),
+            },
             timeout=30,
             allow_redirects=False,
         )
@@ -194,7 +198,7 @@ class Kernel:
         replied = idle = False
         while not (replied and idle):
             if time.monotonic() > deadline:
-                raise AssertionError(f"cell did not finish in {timeout}s; stdout so far:\n{res.stdout[-2000:]}")
+                raise AssertionError(f"cell did not finish in {timeout}s; stdout:\n{res.stdout[-2000:]}")
             try:
                 raw = self.ws.recv()
             except websocket.WebSocketTimeoutException:

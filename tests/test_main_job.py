@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -22,7 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 CHECK = """
 import json
-print("RESULT " + json.dumps({"changed": bool(changed), "acc": float(acc_after), "epochs": len(history.history["loss"])}))
+result = {"changed": bool(changed), "acc": float(acc_after), "epochs": len(history.history["loss"])}
+print("RESULT " + json.dumps(result))
 """
 
 
@@ -55,8 +55,11 @@ class MemoryPeak:
 
 
 def _code_cells(nb: dict[str, Any]) -> list[str]:
-    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in nb["cells"]
-            if c["cell_type"] == "code"]
+    return [
+        "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+    ]
 
 
 def _run_example(user: HubUser, magic_line: str | None = None) -> tuple[dict[str, Any], int, int]:
