@@ -21,7 +21,7 @@ GiB = 2**30
 MiB = 2**20
 
 # Peak RSS of one task of the example job on this project's CI machine (TF 2.21 CPU build, digits MLP;
-# measured 669 / 681 / 675 MiB), rounded up: the floor used until a job of this user has been measured (README, "Memory").
+# measured 669 / 681 / 675 MiB), rounded up: the floor used until a job of this user has been measured.
 FLOOR_MIB = {"ps": 680.0, "worker": 700.0, "chief": 700.0}
 FOOTPRINT_FILE = "footprint.json"
 SERVER_PID_ENV = "TFDIST_SERVER_PID"  # the notebook server's process, for the supervisor's guard

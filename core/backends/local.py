@@ -269,6 +269,9 @@ class LocalBackend(Backend):
                 if k in st:
                     setattr(view, k, st[k])
             view.total_tasks = st.get("tasks_total", 0)
+            view.metrics.extend(
+                m for m in st.get("metrics") or [] if isinstance(m, dict) and isinstance(m.get("tasks"), dict)
+            )
         except (OSError, ValueError):
             view.state = "failed"
             view.message = "the job ended without recording its state"
@@ -295,6 +298,8 @@ class LocalBackend(Backend):
             raise KeyError(name)
         out = {}
         for fn in sorted(os.listdir(logdir)):
+            if not fn.endswith(".log"):  # NAME.log.1: what rolled over (tasklog.RollingLog)
+                continue
             t = fn.removesuffix(".log")
             if task is None or t == task:
                 with open(os.path.join(logdir, fn), errors="replace") as f:

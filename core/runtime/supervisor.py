@@ -25,8 +25,9 @@ from typing import Any
 
 from tfdist import memfit, taskenv, tf_config
 from tfdist.jobspec import JobSpec, split_gpus
-from tfdist.jobview import JobView
-from tfdist.runtime import events, history
+from tfdist.jobview import JobView, Reason, final_task_state, reason_for
+from tfdist.runtime import events, history, lifeline
+from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.sampler import TaskProcess, TaskSampler
 from tfdist.taskenv import THREAD_VARS
 
@@ -36,9 +37,14 @@ KILL_GRACE_S = 3.0
 TICK_S = 1.0
 WATCHER_BUFFER_MAX = 8 * 2**20
 TASK_OOM_SCORE_ADJ = b"800"
+PENDING_LOG_MAX = 2000  # log lines held between two ticks
 
 
 class StartupError(Exception):
+    pass
+
+
+class StartupTimeout(StartupError):
     pass
 
 
@@ -127,6 +133,9 @@ class Supervisor:
         self.watchers: set[asyncio.StreamWriter] = set()
         self.pending_logs: list[tuple[str, str]] = []
         self.stop_reason: str | None = None
+        self.stop_code: Reason | None = None  # why, in the shared vocabulary (jobview.Reason)
+        self.last_budget: memfit.Budget | None = None  # the server's memory as last sampled
+        self.oom_base = lifeline.oom_kills()
         self.failure: dict[str, str] | None = None  # what ended the job, when it was not the cell
         self.peaks_mib: dict[str, float] = {}  # per role, remembered for the next job's memory estimate
         pid = str(self.launch.get("env", {}).get(memfit.SERVER_PID_ENV, ""))
@@ -173,7 +182,10 @@ class Supervisor:
             if op == "stop":
                 writer.write(events.dumps({"type": "ack"}))
                 await writer.drain()
-                self.request_stop("stopped by request")
+                # the kernel says "interrupted" when its cell was; %tfdist stop and the panel say nothing
+                code = Reason.parse(req.get("reason"), Reason.STOPPED)
+                code = code if code in (Reason.INTERRUPTED, Reason.STOPPED) else Reason.STOPPED
+                self.request_stop(code.sentence(), code)
                 return
             writer.write(events.dumps({"type": "snapshot", "view": self.view.to_dict()}))
             await writer.drain()
@@ -189,7 +201,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ processes
     async def _spawn(self, task: Task, module: str, extra_fds: tuple[int, ...] = ()) -> None:
-        task.log = task.log or open(os.path.join(self.jobdir, "logs", f"{task.name}.log"), "ab")
+        task.log = task.log or RollingLog(os.path.join(self.jobdir, "logs", f"{task.name}.log"))
         task.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-u",
@@ -218,13 +230,20 @@ class Supervisor:
         )
 
     async def _read_log(self, task: Task, proc: asyncio.subprocess.Process) -> None:
+        """Chunks, not lines: output of any shape flows, so a task never blocks writing it."""
         assert proc.stdout is not None
-        async for raw in proc.stdout:
-            task.log.write(raw)
-            task.log.flush()
-            line = raw.decode(errors="replace").rstrip("\n")
-            if line and not events.is_noise(line):
-                self.pending_logs.append((task.name, line[:2000]))
+        lines = LineSplitter()
+        while chunk := await proc.stdout.read(65536):
+            task.log.write(chunk)
+            self._keep_lines(task.name, lines.feed(chunk))
+        self._keep_lines(task.name, lines.flush())
+
+    def _keep_lines(self, task: str, lines: list[str]) -> None:
+        for line in lines:
+            if not events.is_noise(line):
+                self.pending_logs.append((task, line))
+        if len(self.pending_logs) > PENDING_LOG_MAX:  # a flood between two ticks: keep the newest
+            del self.pending_logs[: len(self.pending_logs) - PENDING_LOG_MAX]
 
     async def _wait_listening(self, task: Task, deadline: float) -> None:
         while True:
@@ -244,7 +263,7 @@ class Supervisor:
             except OSError:
                 pass
             if time.time() > deadline:
-                raise StartupError(
+                raise StartupTimeout(
                     f"{task.name} did not start listening within --timeout {self.spec.timeout_s:g}s"
                 )
             await asyncio.sleep(0.1)
@@ -275,9 +294,9 @@ class Supervisor:
             self.emit({"type": "task", "task": name, "state": "pending", "gpus": gpus})
 
     # ------------------------------------------------------------------ lifecycle
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, code: Reason = Reason.STOPPED) -> None:
         if self.stop_reason is None:
-            self.stop_reason = reason
+            self.stop_reason, self.stop_code = reason, code
         self.stopping.set()
 
     async def _ticker(self) -> None:
@@ -319,7 +338,7 @@ class Supervisor:
         """Stop the job before the server's limit: at the limit the kernel may be the one killed."""
         if self.server_pid is None or self.stopping.is_set():
             return
-        budget = memfit.server_budget(self.server_pid)
+        budget = self.last_budget = memfit.server_budget(self.server_pid)
         if budget is None or budget.used < budget.limit * memfit.GUARD_SHARE:
             return
         why = (
@@ -338,7 +357,11 @@ class Supervisor:
         with contextlib.suppress(Exception):
             await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
             await reader.read()
-            self.request_stop("the notebook kernel that started this job went away")
+            deaths = sum(t.restarts for t in self.tasks.values()) + sum(
+                1 for t in self.view.tasks.values() if t.get("state") == "failed"
+            )
+            code, why = lifeline.kernel_gone(self.oom_base, lifeline.oom_kills(), deaths, self.last_budget)
+            self.request_stop(why, code)
 
     async def _watch_servers(self) -> None:
         """Restart a worker that dies mid-fit (the coordinator re-sends its work); a PS loss is fatal."""
@@ -395,7 +418,12 @@ class Supervisor:
         os.makedirs(os.path.join(self.jobdir, "logs"), exist_ok=True)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, self.request_stop, f"received {signal.Signals(sig).name}")
+            loop.add_signal_handler(
+                sig,
+                self.request_stop,
+                f"{Reason.SIGNALLED.sentence()} ({signal.Signals(sig).name})",
+                Reason.SIGNALLED,
+            )
         sock_path = os.path.join(self.jobdir, "control.sock")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)
@@ -410,15 +438,20 @@ class Supervisor:
             outcome = (
                 "failed",
                 str(exc).splitlines()[0],
-                {"type": "StartupError", "message": str(exc), "traceback": ""},
+                {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
             )
         except Exception as exc:  # a bug of ours: still clean up and say so
             outcome = (
                 "failed",
                 f"supervisor error: {exc}",
-                {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
+                {
+                    "type": type(exc).__name__,
+                    "message": str(exc),
+                    "traceback": "",
+                    "reason": Reason.INTERNAL.value,
+                },
             )
-        await self._teardown()
+        await self._teardown(outcome[0])
         if self.pending_logs:
             lines, self.pending_logs = self.pending_logs, []
             self.emit({"type": "log", "lines": lines})
@@ -426,6 +459,7 @@ class Supervisor:
         if state == "succeeded":
             memfit.save_footprint(os.path.dirname(os.path.abspath(self.jobdir)), self.peaks_mib)
         ev: dict[str, Any] = {"type": "state", "state": state, "message": message, "t": time.time()}
+        ev["reason"] = reason_for(state, error, self.stop_code).value
         if error:
             ev["error"] = error
         self.emit(ev)
@@ -506,8 +540,9 @@ class Supervisor:
             {"type": "CoordinatorExit", "message": f"exit code {chief.proc.returncode}", "traceback": ""},
         )
 
-    async def _teardown(self) -> None:
-        procs = [t.proc for t in self.tasks.values() if t.proc is not None and t.proc.returncode is None]
+    async def _teardown(self, state: str) -> None:
+        alive = [t for t in self.tasks.values() if t.proc is not None and t.proc.returncode is None]
+        procs = [t.proc for t in alive if t.proc is not None]
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 p.terminate()
@@ -524,8 +559,8 @@ class Supervisor:
                     await asyncio.wait_for(t.reader, 1)
             if t.log is not None:
                 t.log.close()
-            if t.proc is not None and t.name != "chief-0" and t.proc.returncode is not None:
-                self.emit({"type": "task", "task": t.name, "state": "exited"})
+        for t in alive:  # ended by us: "exited" after a success, "stopped" otherwise (never "running")
+            self.emit({"type": "task", "task": t.name, "state": final_task_state(state, "running")})
 
 
 def main() -> int:
