@@ -7,6 +7,7 @@ and the lab panel fold the same events into their own copy. A pure reducer: no I
 from __future__ import annotations
 
 import collections
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,97 @@ from typing import Any
 TERMINAL = ("succeeded", "failed", "stopped")
 METRICS_KEEP = 600  # ten minutes at 1 Hz
 LOG_KEEP = 400
+# A task in one of these is alive (or may still become so); a finished job has none of them left.
+LIVE_TASK_STATES = ("pending", "starting", "running", "restarting", "unschedulable", "image-error")
+
+
+class Reason(str, enum.Enum):
+    """Why a job ended: one vocabulary for the cell's monitor, `%tfdist list/status` and the lab panel.
+
+    Carried as `reason` in the final state event and in state.json; `sentence()` is what users read.
+    """
+
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"  # the cell was interrupted (the kernel stopped the job)
+    STOPPED = "stopped"  # %tfdist stop, the jobs panel's Stop
+    SIGNALLED = "signalled"  # the supervisor got SIGTERM/SIGINT/SIGHUP (the server shutting down)
+    KERNEL_GONE = "kernel-gone"
+    KERNEL_GONE_MEMORY = "kernel-gone-memory"  # gone while the server's memory was nearly full
+    KERNEL_OOM = "kernel-oom"  # the memory cgroup's OOM killer fired as the kernel went
+    STARTUP_TIMEOUT = "startup-timeout"
+    STARTUP_FAILED = "startup-failed"
+    CELL_ERROR = "cell-error"
+    COORDINATOR_DIED = "coordinator-died"
+    PS_LOST = "ps-lost"
+    TASK_FAILED = "task-failed"
+    OUT_OF_MEMORY = "out-of-memory"  # the job was stopped before the server's memory limit
+    LOST = "lost"  # nobody recorded how it ended (the supervisor died, the watch broke)
+    INTERNAL = "internal-error"
+
+    def sentence(self) -> str:
+        return SENTENCES[self]
+
+    @classmethod
+    def parse(cls, value: Any, default: Reason | None = None) -> Reason | None:
+        try:
+            return cls(value)
+        except ValueError:
+            return default
+
+
+SENTENCES: dict[Reason, str] = {
+    Reason.FINISHED: "finished",
+    Reason.INTERRUPTED: "interrupted from the notebook",
+    Reason.STOPPED: "stopped by request (%tfdist stop or Stop in the jobs panel)",
+    Reason.SIGNALLED: "stopped: the job's supervisor was told to end (the server shutting down?)",
+    Reason.KERNEL_GONE: "the notebook kernel that started this job went away",
+    Reason.KERNEL_GONE_MEMORY: "the notebook kernel went away (it may have run out of memory)",
+    Reason.KERNEL_OOM: "the notebook kernel was killed: the server ran out of memory",
+    Reason.STARTUP_TIMEOUT: "not started within --timeout",
+    Reason.STARTUP_FAILED: "a task failed while starting",
+    Reason.CELL_ERROR: "the cell raised an exception on the coordinator",
+    Reason.COORDINATOR_DIED: "the coordinator process died",
+    Reason.PS_LOST: "a parameter server was lost",
+    Reason.TASK_FAILED: "a task failed",
+    Reason.OUT_OF_MEMORY: "stopped: the server's memory was nearly full",
+    Reason.LOST: "the job ended without recording how",
+    Reason.INTERNAL: "tfdist's own error",
+}
+
+# The error types each backend records, for events that carry no reason (older jobs' state.json).
+_ERROR_REASONS = {
+    "StartupError": Reason.STARTUP_FAILED,
+    "StartupTimeout": Reason.STARTUP_TIMEOUT,
+    "Unschedulable": Reason.STARTUP_TIMEOUT,
+    "ParameterServerLost": Reason.PS_LOST,
+    "OutOfMemory": Reason.OUT_OF_MEMORY,
+    "CoordinatorExit": Reason.COORDINATOR_DIED,
+    "PodFailed": Reason.TASK_FAILED,
+}
+
+
+def reason_for(state: str, error: dict[str, Any] | None = None, stop: Reason | None = None) -> Reason:
+    """The reason of a terminal state when the event did not name one."""
+    if state == "succeeded":
+        return Reason.FINISHED
+    if state == "stopped":
+        return stop or Reason.STOPPED
+    err = error or {}
+    named = Reason.parse(err.get("reason"))
+    if named is not None:
+        return named
+    if err.get("type") in _ERROR_REASONS:
+        return _ERROR_REASONS[err["type"]]
+    return Reason.CELL_ERROR if err.get("traceback") else Reason.LOST
+
+
+def final_task_state(job_state: str, task_state: str) -> str:
+    """What a task that was still live is once its job has ended: never "running" in a finished job."""
+    if task_state not in LIVE_TASK_STATES:
+        return task_state
+    if task_state == "pending":
+        return "not started"
+    return "exited" if job_state == "succeeded" else "stopped"
 
 
 @dataclass
@@ -23,6 +115,7 @@ class JobView:
     backend: str = "local"
     state: str = "pending"  # pending -> starting -> running -> succeeded | failed | stopped
     message: str = ""
+    reason: str = ""  # a Reason value once the job has ended
     created: float = field(default_factory=time.time)
     ended: float | None = None
     total_tasks: int = 0
@@ -30,6 +123,7 @@ class JobView:
     phase: str = ""
     epoch: int = 0
     epochs: int | None = None
+    step: int = 0  # training steps done in the current fit (the coordinator's heartbeat)
     epoch_logs: list[dict[str, Any]] = field(default_factory=list)  # one dict per finished epoch (+ "t")
     metrics: collections.deque = field(default_factory=lambda: collections.deque(maxlen=METRICS_KEEP))
     logs: collections.deque = field(default_factory=lambda: collections.deque(maxlen=LOG_KEEP))
@@ -41,7 +135,7 @@ class JobView:
         return sum(
             1
             for t in self.tasks.values()
-            if t.get("state") in ("running", "restarting", "exited-ok", "exited")
+            if t.get("state") in ("running", "restarting", "exited-ok", "exited", "stopped")
         )
 
     @property
@@ -53,23 +147,34 @@ class JobView:
         if kind == "snapshot":
             self.__dict__.update(JobView.from_dict(ev["view"]).__dict__)
         elif kind == "state":
+            if self.finished and ev["state"] not in TERMINAL:
+                return  # a late event of a live state cannot revive a finished job
             self.state = ev["state"]
             self.message = ev.get("message", self.message)
-            if self.finished and self.ended is None:
-                self.ended = ev.get("t", time.time())
             if "error" in ev:
                 self.error = ev["error"]
+            if self.finished:
+                if self.ended is None:
+                    self.ended = ev.get("t", time.time())
+                self.reason = (Reason.parse(ev.get("reason")) or reason_for(self.state, self.error)).value
+                if not self.message:
+                    self.message = Reason(self.reason).sentence()
+                self._finalize_tasks()
         elif kind == "task":
             rec = self.tasks.setdefault(ev["task"], {"state": "pending", "restarts": 0, "gpus": []})
             for k in ("state", "restarts", "gpus", "exit_code", "pid"):
                 if k in ev:
                     rec[k] = ev[k]
+            if self.finished:
+                rec["state"] = final_task_state(self.state, rec.get("state", ""))
         elif kind == "progress":
             self.phase = ev.get("phase", self.phase)
             if ev.get("epochs") is not None:
                 self.epochs = ev["epochs"]
             if "epoch" in ev:
                 self.epoch = ev["epoch"]
+            if "step" in ev:
+                self.step = ev["step"]
             if ev.get("logs") is not None:
                 self.epoch_logs.append({**ev["logs"], "epoch": ev.get("epoch"), "t": ev.get("t")})
         elif kind == "metrics":
@@ -77,6 +182,10 @@ class JobView:
         elif kind == "log":
             for task, line in ev.get("lines", []):
                 self.logs.append((task, line))
+
+    def _finalize_tasks(self) -> None:
+        for rec in self.tasks.values():
+            rec["state"] = final_task_state(self.state, rec.get("state", ""))
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -96,12 +205,14 @@ class JobView:
             "backend": self.backend,
             "state": self.state,
             "message": self.message,
+            "reason": self.reason,
             "created": self.created,
             "ended": self.ended,
             "tasks_started": self.started_tasks,
             "tasks_total": self.total_tasks,
             "epoch": self.epoch,
             "epochs": self.epochs,
+            "step": self.step,
             "gpu_util": gpu_util,
             "cpu_total": sum((t.get("cpu (%)") or 0.0) for t in last.values()),
         }
