@@ -56,6 +56,9 @@ class GpuFormMixin(LoggingConfigurable):
         tfdist.spawner.profiles.load_profiles_or_exit so a broken file stops the hub at start.""",
     )
 
+    #: where this spawner's GPUs are, as the form and its messages name it
+    tfdist_place = "This machine"
+
     # set when options were validated for this spawn; persisted in state so a restarted hub knows
     tfdist_choice: Choice | None = None
     _tfdist_last_valid: dict[str, Any] | None = None
@@ -113,6 +116,8 @@ class GpuFormMixin(LoggingConfigurable):
                 if av is not None
                 else None
             ),
+            gpus_total={k: a.total for k, a in av.items()} if av is not None else None,
+            place=self.tfdist_place,
         )
 
     def tfdist_validate(self, raw: Any, cfg: ProfilesConfig, ctx: UserContext) -> Choice:

@@ -18,7 +18,7 @@ import jinja2
 
 from .allocator import ModelAvailability
 from .profiles import FloatRange, Profile, ProfilesConfig
-from .validation import UserContext, validate_options
+from .validation import UserContext, lacks_gpus, validate_options
 
 __all__ = ["CUSTOM_IMAGE", "form_to_raw", "render_form"]
 
@@ -120,14 +120,15 @@ def _step(r: FloatRange) -> str:
 
 
 def _prefill(
-    cfg: ProfilesConfig, groups: frozenset[str], candidates: Iterable[Mapping[str, Any] | None]
+    cfg: ProfilesConfig, ctx: UserContext, candidates: Iterable[Mapping[str, Any] | None]
 ) -> dict[str, Any] | None:
-    """The first remembered choice that is still valid (ranges and lists may have changed since)."""
+    """The first remembered choice that is still valid (ranges, lists and the machine may have changed)."""
+    check = UserContext(groups=ctx.groups, gpus_total=ctx.gpus_total, place=ctx.place)
     for c in candidates:
         if not c:
             continue
         try:
-            return validate_options(c, cfg, UserContext(groups=groups)).as_user_options()
+            return validate_options(c, cfg, check).as_user_options()
         except ValueError:
             continue
     return None
@@ -170,7 +171,19 @@ def render_form(
     `remembered`: candidate previous choices, best first (the last valid one is pre-selected).
     `submitted`: raw options of a POST that failed validation, shown again so the user can fix them.
     """
-    allowed = cfg.allowed_profiles(ctx.groups)
+    if availability is not None and ctx.gpus_total is None:
+        ctx = UserContext(
+            groups=ctx.groups,
+            gpus_held_elsewhere=ctx.gpus_held_elsewhere,
+            free_gpus=ctx.free_gpus,
+            max_free_on_node=ctx.max_free_on_node,
+            gpus_total={k: a.total for k, a in availability.items()},
+            place=ctx.place,
+        )
+    listed = cfg.allowed_profiles(ctx.groups)
+    # GPU profiles on a hub without their GPUs cannot start: not offered at all (validation refuses them too)
+    allowed = [p for p in listed if not lacks_gpus(p, ctx)]
+    hidden_gpu_profiles = len(listed) - len(allowed)
     chosen: Mapping[str, Any] | None = None
     if (
         submitted
@@ -179,7 +192,7 @@ def render_form(
     ):
         chosen = submitted
     else:
-        chosen = _prefill(cfg, ctx.groups, remembered)
+        chosen = _prefill(cfg, ctx, remembered)
     selected_slug = chosen["profile"] if chosen else (allowed[0].slug if allowed else None)
 
     views = []
@@ -230,7 +243,12 @@ def render_form(
                 v.selected = v is fallback
 
     summary = []
-    if availability is not None:
+    no_gpus = (
+        availability is not None
+        and hidden_gpu_profiles > 0
+        and not any(a.total for a in availability.values())
+    )
+    if availability is not None and not no_gpus:
         keys = [k for v in views for k in v.profile.gpu_models]
         for key in dict.fromkeys(keys):
             av = availability.get(key, ModelAvailability(0, 0))
@@ -240,6 +258,7 @@ def render_form(
         profiles=views,
         summary=summary,
         availability_known=availability is not None,
+        no_gpus_text=f"{ctx.place} has no GPUs: CPU profiles only." if no_gpus else "",
         custom_value=CUSTOM_IMAGE,
         custom_field=CUSTOM_IMAGE_FIELD,
         num=_num,

@@ -61,6 +61,7 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         and refuse requests that cannot fit now. Off: the form says availability is unknown.""",
     )
 
+    tfdist_place = "The cluster"
     _tfdist_base: dict[str, Any] | None = None
 
     async def gpu_availability(self) -> dict[str, ModelAvailability] | None:

@@ -24,12 +24,24 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["configure", "default_profiles_path", "find_proxy_command", "free_port", "main"]
+__all__ = [
+    "configure",
+    "default_profiles_path",
+    "find_proxy_command",
+    "free_port",
+    "login_templates_path",
+    "main",
+]
 
 
 def default_profiles_path() -> str:
     """The packaged single-machine profiles (hub_config/ holds the Kubernetes ones)."""
     return str(resources.files("tfdist.spawner") / "data" / "profiles-local.yaml")
+
+
+def login_templates_path() -> str:
+    """JupyterHub page templates of the local hub (a login page that says where the password is)."""
+    return str(resources.files("tfdist.spawner") / "templates" / "hub")
 
 
 def free_port(ip: str = "127.0.0.1") -> int:
@@ -95,6 +107,8 @@ def configure(
         c.SharedPasswordAuthenticator.admin_password = admin_password
         c.Authenticator.admin_users = {"admin"}
     c.Authenticator.allow_all = True
+    # JupyterHub's own login page, extended with where the printed password is (templates/hub/login.html)
+    c.JupyterHub.template_paths = [login_templates_path()]
 
     c.JupyterHub.spawner_class = TfdistLocalSpawner
     c.TfdistLocalSpawner.profiles_file = profiles

@@ -55,6 +55,18 @@ class UserContext:
     #: most GPUs free on any one node per model key (Kubernetes: one pod's GPUs are on one node); None, or
     #: a model missing, when not applicable (the embedded hub is one machine) or unknown
     max_free_on_node: Mapping[str, int] | None = None
+    #: all GPUs (free or not) per model key; None when unknown. Known and 0 for every model of a GPU
+    #: profile: the hub has no GPU for it, so it is not offered and cannot be chosen
+    gpus_total: Mapping[str, int] | None = None
+    #: where the GPUs are, as messages name it ("This machine", "The cluster")
+    place: str = "This hub"
+
+
+def lacks_gpus(profile: Profile, ctx: UserContext) -> bool:
+    """A GPU profile on a hub known to have none of its GPU models (a machine without GPUs)."""
+    if not profile.offers_gpus or ctx.gpus_total is None:
+        return False
+    return sum(max(int(ctx.gpus_total.get(m, 0)), 0) for m in profile.gpu_models) == 0
 
 
 @dataclass(frozen=True)
@@ -179,7 +191,7 @@ def _defaults(cfg: ProfilesConfig, ctx: UserContext) -> dict[str, Any]:
         raise OptionsError(
             "No profile is available to you. Ask a hub admin to add you to a group.", "profile"
         )
-    p = allowed[0]
+    p = next((q for q in allowed if not lacks_gpus(q, ctx)), allowed[0])
     out: dict[str, Any] = {
         "profile": p.slug,
         "cpu": p.cpu.default,
@@ -218,6 +230,17 @@ def validate_options(raw: Any, cfg: ProfilesConfig, ctx: UserContext) -> Choice:
             f"Profile {profile.display_name!r} is not available to you: it is for the groups "
             f"{', '.join(profile.groups)}, and you are in none of them.",
             "profile",
+        )
+    if lacks_gpus(profile, ctx):
+        others = [p.display_name for p in cfg.allowed_profiles(ctx.groups) if not lacks_gpus(p, ctx)]
+        what = "has no GPUs" if not any(ctx.gpus_total.values()) else "has none of this profile's GPU models"
+        hint = (
+            f"Choose a profile without GPUs: {', '.join(repr(n) for n in others)}."
+            if others
+            else "Ask a hub admin for a profile without GPUs."
+        )
+        raise OptionsError(
+            f"{ctx.place} {what}, so profile {profile.display_name!r} cannot start here. {hint}", "profile"
         )
     missing = [k for k in _required_keys(profile) if k not in opts]
     if missing:
