@@ -37,8 +37,10 @@ class Backend(abc.ABC):
         """A snapshot event, then every event until the job ends."""
 
     @abc.abstractmethod
-    async def stop(self, name: str) -> bool:
-        """End the job and everything it holds. False if there was no such running job."""
+    async def stop(self, name: str, reason: str = "stopped") -> bool:
+        """End the job and everything it holds. False if there was no such running job.
+
+        `reason` is a `jobview.Reason` value: "interrupted" from an interrupted cell, else "stopped"."""
 
     @abc.abstractmethod
     async def list_jobs(self) -> list[dict[str, Any]]:

@@ -533,7 +533,7 @@ class KubernetesBackend(Backend):
                 out.append({"type": "log", "lines": [[task, st[1]]]})
         return out
 
-    async def stop(self, name: str) -> bool:
+    async def stop(self, name: str, reason: str = "stopped") -> bool:
         pods = await self._pods(name)
         await self.delete_all(name)
         self._jobs.pop(name, None)

@@ -177,10 +177,12 @@ class LocalBackend(Backend):
             shutil.rmtree(self.jobdir(n), ignore_errors=True)
 
     # ------------------------------------------------------------------ control socket
-    async def _request(self, name: str, op: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _request(
+        self, name: str, op: str, **extra: Any
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         sock = os.path.join(self.jobdir(name), "control.sock")
         reader, writer = await asyncio.open_unix_connection(sock, limit=64 * 2**20)
-        writer.write(events.dumps({"op": op}))
+        writer.write(events.dumps({"op": op, **extra}))
         await writer.drain()
         return reader, writer
 
@@ -205,11 +207,11 @@ class LocalBackend(Backend):
             if proc.stdin:
                 proc.stdin.close()
 
-    async def stop(self, name: str) -> bool:
+    async def stop(self, name: str, reason: str = "stopped") -> bool:
         if not self.is_running(name):
             return False
         try:
-            reader, writer = await self._request(name, "stop")
+            reader, writer = await self._request(name, "stop", reason=reason)
             await asyncio.wait_for(reader.readline(), 5)
             writer.close()
         except (OSError, asyncio.TimeoutError):
@@ -265,6 +267,7 @@ class LocalBackend(Backend):
                 "error",
                 "tasks",
                 "epoch_logs",
+                "reason",
             ):
                 if k in st:
                     setattr(view, k, st[k])
@@ -277,7 +280,9 @@ class LocalBackend(Backend):
             view.message = "the job ended without recording its state"
         launching = self._supervisor_pid(name) is None and time.time() - view.created < 60
         if view.state not in ("succeeded", "failed", "stopped") and not launching:
-            view.state, view.message = "failed", "the job's supervisor is gone"  # died without a word
+            # died without a word: say so, and no task of it may look alive
+            gone = "the job's supervisor is gone"
+            view.apply({"type": "state", "state": "failed", "message": gone, "reason": "lost"})
         return view
 
     async def list_jobs(self) -> list[dict[str, Any]]:
