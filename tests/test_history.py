@@ -1,6 +1,8 @@
-"""The utilization history a finished job leaves in state.json: bounded, evenly spread, first and last kept."""
+"""A finished job's utilization history in state.json: bounded, evenly spread, first and last kept."""
 
 from __future__ import annotations
+
+import itertools
 
 from tfdist.runtime.history import STORED_SAMPLES, downsample
 
@@ -13,7 +15,7 @@ def test_short_history_is_kept_whole_and_long_one_is_bounded() -> None:
     assert len(out) == STORED_SAMPLES
     ts = [s["t"] for s in out]
     assert ts[0] == 0 and ts[-1] == 599 and ts == sorted(set(ts))
-    gaps = [b - a for a, b in zip(ts, ts[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(ts)]
     assert max(gaps) - min(gaps) <= 1  # evenly spread over the whole run
 
 
