@@ -17,8 +17,8 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 from ..backends import Backend, get_backend
-from ..runtime.events import is_noise
 from ..settings import Settings, from_environ
+from .logfilter import readable
 from .sampler import ServerSampler
 
 NAMESPACE = "tfdist"
@@ -122,19 +122,22 @@ class JobHandler(BaseHandler):
         d = view.to_dict()
         d["metrics"] = d["metrics"][-METRICS_TAIL:]
         d["summary"] = view.summary()
-        logs: dict[str, list[str]] = {}
+        raw: dict[str, list[str]] = {}
         for task, line in view.logs:
-            logs.setdefault(task, []).append(line)
-        if not logs:  # nothing live (the supervisor is gone or silent): read the files it left
+            raw.setdefault(task, []).append(line)
+        if not raw:  # nothing live (the supervisor is gone or silent): read the files it left
             try:
                 full = await self.tfdist.backend.logs(name)
             except (KeyError, OSError):
                 full = {}
-            logs = {
-                t: [line for line in text.splitlines() if not is_noise(line)][-LOG_TAIL:]
-                for t, text in full.items()
-            }
-        d["logs"] = {t: lines[-LOG_TAIL:] for t, lines in logs.items()}
+            raw = {t: text.splitlines() for t, text in full.items()}
+        logs: dict[str, list[str]] = {}
+        hidden = 0
+        for task, lines in raw.items():  # TensorFlow's start-up chatter stays in the files, not in the panel
+            kept, n = readable(lines)
+            logs[task], hidden = kept[-LOG_TAIL:], hidden + n
+        d["logs"] = logs
+        d["logs_hidden"] = hidden
         self.write_json(d)
 
 

@@ -2,9 +2,11 @@
  * jupyter-tfdist lab plugin: the "Distributed jobs" side panel and a GPU status-bar item.
  */
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { isKernelLoss, markKernelLoss, rememberMonitors } from './kernelwatch';
 import { IGpuStatus, IJobDetail, IJobsApi, IJobSummary } from './model';
 import { GpuStatusItem, JobsPanel } from './panel';
 import { requestAPI } from './request';
@@ -30,8 +32,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'jupyter-tfdist:plugin',
   description: 'Distributed jobs panel and GPU status item',
   autoStart: true,
-  optional: [ILabShell, IStatusBar],
-  activate: (app: JupyterFrontEnd, labShell: ILabShell | null, statusBar: IStatusBar | null) => {
+  optional: [ILabShell, IStatusBar, INotebookTracker],
+  activate: (
+    app: JupyterFrontEnd,
+    labShell: ILabShell | null,
+    statusBar: IStatusBar | null,
+    notebooks: INotebookTracker | null
+  ) => {
     const panel = new JobsPanel(api);
     panel.title.icon = tfdistIcon;
     app.shell.add(panel, 'left', { rank: 800 });
@@ -39,7 +46,39 @@ const plugin: JupyterFrontEndPlugin<void> = {
       const item = new GpuStatusItem(api);
       statusBar.registerStatusItem('jupyter-tfdist:gpus', { item, align: 'left', rank: 5 });
     }
+    if (notebooks) {
+      notebooks.widgetAdded.connect((_, nb) => watchKernel(nb));
+      notebooks.forEach(watchKernel);
+    }
   }
 };
+
+/**
+ * Mark the notebook's %%tfdist monitors when its kernel dies or restarts (kernelwatch.ts). Which output
+ * shows which job is noted as the DOM changes, because a dead kernel's widget views may vanish first.
+ */
+function watchKernel(nb: NotebookPanel): void {
+  let pending = 0;
+  const observer = new MutationObserver(() => {
+    if (!pending) {
+      pending = window.setTimeout(() => {
+        pending = 0;
+        rememberMonitors(nb.node);
+      }, 250);
+    }
+  });
+  observer.observe(nb.node, { childList: true, subtree: true });
+  const onStatus = (_: unknown, status: string) => {
+    if (isKernelLoss(status)) {
+      void markKernelLoss(nb.node, status, api.getJob).catch(e => console.warn('tfdist: kernel banner', e));
+    }
+  };
+  nb.sessionContext.statusChanged.connect(onStatus);
+  nb.disposed.connect(() => {
+    observer.disconnect();
+    window.clearTimeout(pending);
+    nb.sessionContext.statusChanged.disconnect(onStatus);
+  });
+}
 
 export default plugin;

@@ -58,6 +58,8 @@ export interface IJobDetail {
   tasks: { [task: string]: { state: string; restarts: number; gpus: unknown[] } };
   metrics: { t: number; tasks: { [task: string]: ITaskSample } }[];
   logs: { [task: string]: string[] };
+  /** TensorFlow start-up lines the server left out of `logs` (the log files keep them) */
+  logs_hidden?: number;
   summary: IJobSummary;
 }
 
@@ -181,12 +183,30 @@ export class JobsModel {
   }
 }
 
-/** The single number a job's list sparkline plots: mean GPU util if it has GPUs, else total CPU. */
+/** The single number a job's list sparkline plots: mean GPU util if it has GPUs, else total CPU.
+ * A finished job uses nothing: its last sample is history, not load. */
 export function jobUtil(j: IJobSummary): number | null {
+  if (TERMINAL.includes(j.state)) {
+    return null;
+  }
   if (j.gpu_util && j.gpu_util.length > 0) {
     return j.gpu_util.reduce((a, b) => a + b, 0) / j.gpu_util.length;
   }
   return typeof j.cpu_total === 'number' ? j.cpu_total : null;
+}
+
+/** Why Stop cannot be pressed now, in words for its tooltip and hint; null when it can. */
+export function stopUnavailable(detail: IJobDetail | null, stopping: boolean): string | null {
+  if (stopping) {
+    return 'Stopping: the job is being ended.';
+  }
+  if (detail === null) {
+    return 'Loading the job…';
+  }
+  if (TERMINAL.includes(detail.state)) {
+    return `Nothing to stop: the job already finished (${detail.state}).`;
+  }
+  return null;
 }
 
 /** Per task and per GPU (or CPU when a task has none): the series a job view charts. */

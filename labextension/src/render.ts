@@ -3,7 +3,7 @@
  * Job names, messages and log lines are user text: they only ever go through `textContent`
  * (never innerHTML), so `<img src=x onerror=...>` in a name is shown, not run.
  */
-import { IJobDetail, IJobSummary, Series, TERMINAL, taskSeries } from './model';
+import { IJobDetail, IJobSummary, Series, TERMINAL, stopUnavailable, taskSeries } from './model';
 
 const SVG = 'http://www.w3.org/2000/svg';
 
@@ -66,12 +66,15 @@ export function renderJobList(
     if (j.name === selected) {
       li.classList.add('tfdist-selected');
     }
-    li.title = j.message || j.state;
+    // the full name wraps (a narrow panel must still tell jobs apart) and is the tooltip's first line
+    li.title = [j.name, `${j.state}${j.message ? `: ${j.message}` : ''}`].join('\n');
     li.appendChild(el(doc, 'span', 'tfdist-job-name', j.name));
-    li.appendChild(el(doc, 'span', `tfdist-state tfdist-state-${safeClass(j.state)}`, j.state));
+    const row = el(doc, 'span', 'tfdist-job-row');
+    row.appendChild(el(doc, 'span', `tfdist-state tfdist-state-${safeClass(j.state)}`, j.state));
     const kind = j.gpu_util.length > 0 ? `GPU×${j.gpu_util.length}` : 'CPU';
-    li.appendChild(el(doc, 'span', 'tfdist-kind', kind));
-    li.appendChild(sparkline(doc, history.get(j.name) ?? []));
+    row.appendChild(el(doc, 'span', 'tfdist-kind', kind));
+    row.appendChild(sparkline(doc, history.get(j.name) ?? []));
+    li.appendChild(row);
     li.addEventListener('click', () => onSelect(j.name));
     list.appendChild(li);
   }
@@ -96,14 +99,24 @@ export function renderJobDetail(
   back.title = 'Back to the job list';
   back.addEventListener('click', onBack);
   head.appendChild(back);
-  head.appendChild(el(doc, 'span', 'tfdist-detail-name', name));
+  const title = el(doc, 'span', 'tfdist-detail-name', name);
+  title.title = name;
+  head.appendChild(title);
   const state = detail?.state ?? '…';
   head.appendChild(el(doc, 'span', `tfdist-state tfdist-state-${safeClass(state)}`, state));
+  const why = stopUnavailable(detail, stopping);
   const stop = el(doc, 'button', 'jp-Button jp-mod-warn tfdist-stop', stopping ? 'Stopping…' : 'Stop');
-  stop.disabled = stopping || detail === null || TERMINAL.includes(state);
+  stop.disabled = why !== null;
+  stop.title = why ?? 'Stop the job and end all its processes';
   stop.addEventListener('click', () => onStop(name));
-  head.appendChild(stop);
+  const stopBox = el(doc, 'span', 'tfdist-stop-box'); // a disabled button shows no tooltip in every browser
+  stopBox.title = stop.title;
+  stopBox.appendChild(stop);
+  head.appendChild(stopBox);
   container.appendChild(head);
+  if (why !== null && detail !== null && !stopping) {
+    container.appendChild(el(doc, 'div', 'tfdist-stop-reason', why));
+  }
   if (!detail) {
     container.appendChild(el(doc, 'div', 'tfdist-empty', 'Loading…'));
     return;
@@ -111,6 +124,11 @@ export function renderJobDetail(
   if (detail.message) {
     container.appendChild(el(doc, 'div', 'tfdist-message', detail.message));
   }
+  const progress = progressText(detail);
+  if (progress) {
+    container.appendChild(el(doc, 'div', 'tfdist-progress', progress));
+  }
+  const finished = TERMINAL.includes(detail.state);
   const tasks = el(doc, 'table', 'tfdist-tasks');
   const series = taskSeries(detail);
   const taskNames = Object.keys(detail.tasks).sort();
@@ -128,23 +146,66 @@ export function renderJobDetail(
       const box = el(doc, 'span', 'tfdist-chart');
       box.appendChild(el(doc, 'span', 'tfdist-chart-label', dev));
       box.appendChild(sparkline(doc, s, 120, 24));
-      const last = s.length ? s[s.length - 1] : null;
-      box.appendChild(el(doc, 'span', 'tfdist-chart-value', last === null ? '–' : `${Math.round(last)}%`));
+      // a running job's value is its last sample; a finished job's is its average over the run
+      const v = finished ? mean(s) : s.length ? s[s.length - 1] : null;
+      const shown = v === null ? '–' : `${finished ? 'avg ' : ''}${Math.round(v)}%`;
+      box.appendChild(el(doc, 'span', 'tfdist-chart-value', shown));
+      box.title = `${t} ${dev} utilization${finished ? ' over the run' : ', last two minutes'}`;
       charts.appendChild(box);
     }
     tr.appendChild(charts);
     tasks.appendChild(tr);
   }
   container.appendChild(tasks);
-  const logs = el(doc, 'pre', 'tfdist-logs');
+  if (finished && series.size === 0) {
+    container.appendChild(el(doc, 'div', 'tfdist-empty', 'No utilization history was recorded for this job.'));
+  }
+  const logBox = el(doc, 'details', 'tfdist-logbox');
+  logBox.open = true;
   const lines: string[] = [];
   for (const [task, ls] of Object.entries(detail.logs)) {
     for (const line of ls) {
       lines.push(`[${task}] ${line}`);
     }
   }
+  logBox.appendChild(el(doc, 'summary', 'tfdist-logs-title', `Log (last ${lines.length} lines)`));
+  if (detail.logs_hidden) {
+    logBox.appendChild(
+      el(
+        doc,
+        'div',
+        'tfdist-logs-hidden',
+        `${detail.logs_hidden} TensorFlow start-up lines left out; %tfdist logs ${name} prints everything.`
+      )
+    );
+  }
+  const logs = el(doc, 'pre', 'tfdist-logs');
   logs.textContent = lines.join('\n');
-  container.appendChild(logs);
+  logBox.appendChild(logs);
+  container.appendChild(logBox);
+}
+
+/** "epoch 3/8 · 4/4 tasks started" from the job's summary, or '' when nothing is known yet. */
+export function progressText(detail: IJobDetail): string {
+  const s = detail.summary;
+  if (!s) {
+    return '';
+  }
+  const parts: string[] = [];
+  if (s.epochs) {
+    parts.push(`epoch ${s.epoch}/${s.epochs}`);
+  } else if (s.epoch) {
+    parts.push(`epoch ${s.epoch}`);
+  }
+  if (s.tasks_total && !TERMINAL.includes(detail.state)) {
+    parts.push(`${s.tasks_started}/${s.tasks_total} tasks started`);
+  }
+  return parts.join(' · ');
+}
+
+function mean(s: Series): number | null {
+  const v = s.filter((x): x is number => x !== null);
+  return v.length ? v.reduce((a, b) => a + b, 0) / v.length : null;
 }
 
 /** State names come from the server; keep class names to [a-z-] whatever they hold. */
