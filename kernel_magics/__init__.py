@@ -11,7 +11,12 @@ _magics: Any = None
 
 
 def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> list[str]:
-    """User errors as a message, not a kernel-side traceback; a failed job with the remote traceback."""
+    """User errors as a message, not a kernel-side traceback; a failed job with the remote traceback;
+    an interrupt tfdist handled as the one line "KeyboardInterrupt: ..." (the cell ends interrupted)."""
+    from .magics import CellInterrupted
+
+    if isinstance(value, CellInterrupted):
+        etype = KeyboardInterrupt
     lines = []
     if isinstance(value, JobFailed) and value.remote_traceback:
         lines.append(value.remote_traceback.rstrip())
@@ -26,7 +31,9 @@ def load_ipython_extension(ipython: Any) -> None:
 
     _magics = TfdistMagics(ipython)
     ipython.register_magics(_magics)
-    ipython.set_custom_exc((TfdistError,), _show_error)
+    from .magics import CellInterrupted
+
+    ipython.set_custom_exc((TfdistError, CellInterrupted), _show_error)
     atexit.register(_magics.close)  # a clean kernel shutdown; a killed kernel is covered by the lifeline
 
 

@@ -10,10 +10,15 @@ from IPython.core.error import UsageError
 
 from ..settings import Settings
 
+# Without progress for this long, the cell says the job looks stuck (it does not end it: a long evaluation
+# or a custom loop that reports nothing may be fine, the per-task CPU tells).
+STALL_TIMEOUT_S = 600.0
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
-        raise UsageError(f"%tfdist {self.prog.split()[-1]}: {message}\n{self.format_usage().strip()}")
+        # the prog as the user types it: "%%tfdist run" (a cell magic), "%tfdist status" (line magics)
+        raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
 
     def exit(self, status: int = 0, message: str | None = None):  # type: ignore[override]
         # -h/--help prints and exits: in a kernel that must not be a SystemExit
@@ -38,11 +43,37 @@ def run_parser(settings: Settings) -> argparse.ArgumentParser:
         "--backend", default=settings.backend, help=f"local or kubernetes (default {settings.backend})"
     )
     p.add_argument("--name", default=None, help="job name (default: generated)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed for start-up (default 600)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds allowed for start-up: every task up (pods scheduled and running on Kubernetes); "
+        "training itself has no time limit (default 600)",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=_seconds("--stall-timeout"),
+        default=STALL_TIMEOUT_S,
+        help="seconds without training progress (steps, epochs) after which the cell says the job looks "
+        f"stuck, with each task's CPU; the job goes on (default {STALL_TIMEOUT_S:g})",
+    )
     p.add_argument(
         "--base-port", type=int, default=None, help="local: fixed ports from here instead of free ones"
     )
     return p
+
+
+def _seconds(flag: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes seconds, e.g. 600; got {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive number of seconds; got {text!r}")
+        return value
+
+    return parse
 
 
 def name_parser(sub: str, allow_all: bool = False) -> argparse.ArgumentParser:

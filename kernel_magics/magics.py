@@ -24,14 +24,19 @@ from ..backends.base import Backend, Launch
 from ..errors import JobFailed, TfdistError
 from ..gpus import visible_gpus
 from ..jobspec import JobSpec, parse_memory, validate
-from ..jobview import JobView
+from ..jobview import JobView, Reason
 from ..settings import Settings, from_environ
 from . import args as margs
+from .busy import stay_busy
 from .monitor import make_monitor, static_png
+from .stall import StallWatch
 
 USAGE = """\
 %%tfdist run [--workers N] [--ps N] [--gpus-per-worker N] [--cpu C] [--memory M] [--backend B]
-             [--name NAME] [--timeout S] [--base-port P]      run the cell as a distributed job
+             [--name NAME] [--timeout S] [--stall-timeout S] [--base-port P]
+                                  run the cell as a distributed job (a cell magic: %%)
+    --timeout S        start-up only: every task up within S s, else the job fails (default 600)
+    --stall-timeout S  no training progress for S s: the cell says the job looks stuck (default 600)
 %tfdist list                      jobs of this user
 %tfdist status NAME               state, tasks and progress of a job
 %tfdist logs NAME [--task T]      full logs of every task
@@ -58,6 +63,11 @@ def _require_tensorflow() -> None:
 
 def _gpu_ids() -> list[str]:
     return [str(g.index) for g in visible_gpus()]
+
+
+class CellInterrupted(KeyboardInterrupt):
+    """An interrupt tfdist has already handled (the job stopped): shown as one line, the cell still ends
+    as interrupted (KeyboardInterrupt), without a traceback through tfdist's own waiting code."""
 
 
 @magics_class
@@ -159,32 +169,69 @@ class TfdistMagics(Magics):
             raise TfdistError(why)
 
     def run(self, argv: list[str], cell: str) -> None:
-        spec, blob, gpus = self.prepare(argv, cell)
+        with stay_busy(self.shell):
+            self._run(argv, cell)
+
+    def _run(self, argv: list[str], cell: str) -> None:
+        try:
+            spec, blob, gpus = self.prepare(argv, cell)
+        except KeyboardInterrupt:
+            raise CellInterrupted("interrupted before the job started; nothing was started") from None
+        stall_s = margs.run_parser(self.settings).parse_args(argv).stall_timeout
         backend = self.backend(spec.backend)
         try:
             launch = Launch(gpus=gpus, cwd=os.getcwd(), env={memfit.SERVER_PID_ENV: str(os.getppid())})
             self.portal.call(backend.submit(spec, blob, launch))
         except TfdistError:
             raise  # refused: nothing of this job exists (and a same-named job of before must be left alone)
-        except BaseException:  # interrupted mid-submit: the backend undid its part; make sure of it
-            self.portal.call(backend.stop(spec.name), timeout=60)
+        except BaseException as exc:  # interrupted mid-submit: the backend undid its part; make sure of it
+            self.portal.call(backend.stop(spec.name, Reason.INTERRUPTED.value), timeout=60)
+            if isinstance(exc, KeyboardInterrupt):
+                raise CellInterrupted(
+                    f"tfdist job {spec.name} interrupted while starting; nothing is left"
+                ) from None
             raise
         view = JobView(name=spec.name, user=spec.user, backend=spec.backend, total_tasks=spec.task_count)
         monitor = make_monitor(view)
-        if hasattr(monitor, "widget"):
-            display(monitor.widget)
+        # the live monitor's output is replaced by the run's picture at the end: one chart, not two
+        handle = display(monitor.widget, display_id=True) if hasattr(monitor, "widget") else None
         try:
-            self._follow(backend, view, monitor)
+            self._follow(backend, view, monitor, StallWatch(stall_s))
         except BaseException as exc:  # an interrupt, or any failure here: the job must not outlive the cell
-            self.portal.call(backend.stop(spec.name), timeout=30)
-            self._drain(view, self._events, timeout=5)
-            view.state = "stopped"
-            view.message = "interrupted from the notebook" if isinstance(exc, KeyboardInterrupt) else str(exc)
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            reason = Reason.INTERRUPTED if interrupted else Reason.INTERNAL
+            self.portal.call(backend.stop(spec.name, reason.value if interrupted else "stopped"), timeout=30)
+            self._drain(view, self._events, timeout=5)  # the job's own last word, with its reason
+            if not view.finished:
+                message = reason.sentence() if interrupted else f"{reason.sentence()}: {exc}"
+                view.apply({"type": "state", "state": "stopped", "reason": reason.value, "message": message})
             self._refresh(monitor, view)
-            how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "stopped"
-            print(f"tfdist: job {spec.name} {how}; all its processes were ended")
+            self._leave_picture(handle, monitor, view)
+            if interrupted:
+                raise CellInterrupted(
+                    f"tfdist job {spec.name} interrupted; all its processes were ended"
+                ) from None
+            print(f"tfdist: job {spec.name} stopped; all its processes were ended")
             raise
-        self._finish(backend, view, monitor)
+        self._finish(backend, view, monitor, handle)
+
+    def _leave_picture(self, handle: Any, monitor: Any, view: JobView) -> None:
+        """The run as a PNG, in place of the live widgets (or after the text monitor's lines): a saved
+        notebook shows it, and the output holds one set of charts, not two. Never costs the results."""
+        try:
+            png = static_png(view)
+        except Exception as exc:
+            print(f"tfdist: could not draw the summary picture: {exc}")
+            return
+        if handle is None:
+            display(Image(data=png, format="png"))
+            return
+        try:
+            text = f"tfdist job {view.name}: {view.state} ({view.message})"
+            handle.update({"image/png": png, "text/plain": text}, raw=True)
+            monitor.close()
+        except Exception as exc:
+            print(f"tfdist: could not replace the live monitor with its picture: {exc}")
 
     @staticmethod
     def _drain(view: JobView, events: queue.Queue, timeout: float) -> bool:
@@ -226,11 +273,15 @@ class TfdistMagics(Magics):
                 monitor._tfdist_broken = True
                 print(f"tfdist: the live monitor failed ({type(exc).__name__}: {exc}); the job goes on")
 
-    def _follow(self, backend: Backend, view: JobView, monitor: Any) -> None:
+    def _follow(self, backend: Backend, view: JobView, monitor: Any, stall: StallWatch) -> None:
         events = self._subscribe(backend, view.name)
         self._events = events
         while True:
             ended = self._drain(view, events, REFRESH_S)
+            said = stall.check(view)
+            if said:
+                print(said, flush=True)  # in the saved notebook too; the header shows it while stuck
+                monitor.note = said.removeprefix("tfdist: ") if stall.stalled else ""
             self._refresh(monitor, view)
             if ended:
                 if view.finished:
@@ -242,14 +293,11 @@ class TfdistMagics(Magics):
                 events = self._subscribe(backend, view.name)  # still running: watch again
                 self._events = events
 
-    def _finish(self, backend: Backend, view: JobView, monitor: Any) -> None:
+    def _finish(self, backend: Backend, view: JobView, monitor: Any, handle: Any) -> None:
         if not view.finished:  # the stream broke off: ask once more
             view = self.portal.call(backend.status(view.name))
         self._refresh(monitor, view)
-        try:
-            display(Image(data=static_png(view), format="png"))
-        except Exception as exc:  # the picture is a nicety; never lose results over it
-            print(f"tfdist: could not draw the summary picture: {exc}")
+        self._leave_picture(handle, monitor, view)
         if view.state == "succeeded":
             data = self.portal.call(backend.fetch_result(view.name))
             if data is None:

@@ -10,12 +10,31 @@ from __future__ import annotations
 
 import html
 import io
+import math
+import re
 import time
 from typing import Any
 
-from ..jobview import JobView
+from ..jobview import LIVE_TASK_STATES, JobView
 
 STATE_COLORS = {"succeeded": "#2e7d32", "failed": "#c62828", "stopped": "#6d4c41", "running": "#1565c0"}
+# One colour per series, in the live charts and their legends alike (matplotlib's tab10)
+PALETTE = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+]  # fmt: skip
+
+
+def job_css_class(name: str) -> str:
+    """`tfdist-job-<name>` on the monitor's outer widget: how the lab extension finds a monitor's job."""
+    return "tfdist-job-" + re.sub(r"[^A-Za-z0-9_-]", "-", name)
+
+
+def _num(v: Any, unit: str = "") -> str:
+    """A job-supplied number as text; anything that is not a finite number shows as "-"."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "-"
+    return f"{v:.0f}{unit}"
 
 
 def _series(view: JobView, key: str) -> dict[str, tuple[list[float], list[float]]]:
@@ -42,7 +61,7 @@ def _gpu_series(view: JobView, key: str) -> dict[str, tuple[list[float], list[fl
                 v = g.get(key)
                 if v is None:
                     continue
-                xs, ys = out.setdefault(f"{task} gpu{g['index']}", ([], []))
+                xs, ys = out.setdefault(f"{task} gpu{g.get('index', '?')}", ([], []))
                 xs.append(m["t"] - t0)
                 ys.append(v)
     return out
@@ -60,13 +79,18 @@ def _epoch_series(view: JobView) -> dict[str, tuple[list[float], list[float]]]:
     return out
 
 
-def header_html(view: JobView) -> str:
+def header_html(view: JobView, note: str = "") -> str:
     color = STATE_COLORS.get(view.state, "#555")
     took = (view.ended or time.time()) - view.created
+    warn = (
+        f"<div class='tfdist-stall' style='color:#b26a00;font-weight:bold'>{html.escape(note)}</div>"
+        if note and not view.finished
+        else ""
+    )
     return (
         f"<b>tfdist job {html.escape(view.name)}</b> &nbsp; "
         f"<span style='color:{color};font-weight:bold'>{html.escape(view.state)}</span>"
-        f" &nbsp; {html.escape(view.message or '')} &nbsp; <small>{took:.0f}s</small>"
+        f" &nbsp; {html.escape(view.message or '')} &nbsp; <small>{took:.0f}s</small>{warn}"
     )
 
 
@@ -74,24 +98,29 @@ def tasks_html(view: JobView) -> str:
     last = view.metrics[-1]["tasks"] if view.metrics else {}
     rows = []
     for name, t in sorted(view.tasks.items()):
-        m = last.get(name, {})
-        cpu = m.get("cpu (%)")
-        rss = m.get("rss (MiB)")
-        gpus = ", ".join(
-            f"gpu{g['index']} {g['util (%)']:.0f}% {g['mem_used (MiB)']:.0f}MiB"
-            for g in m.get("gpus", [])
-            if g.get("util (%)") is not None
-        ) or html.escape(",".join(t.get("gpus") or []) or "-")
+        state = str(t.get("state", ""))
+        # a process that has ended has no CPU or memory now (its last sample would say 0 MiB "running")
+        m = last.get(name, {}) if state in LIVE_TASK_STATES and not view.finished else {}
+        gpus = (
+            ", ".join(
+                f"gpu{g.get('index', '?')} {_num(g.get('util (%)'), '%')} "
+                f"{_num(g.get('mem_used (MiB)'), 'MiB')}"
+                for g in m.get("gpus") or []
+                if isinstance(g, dict) and g.get("util (%)") is not None
+            )
+            or ",".join(str(g) for g in t.get("gpus") or [])
+            or "-"
+        )
         rows.append(
             "<tr>"
             + "".join(
-                f"<td style='padding:0 8px'>{c}</td>"
+                f"<td style='padding:0 8px'>{html.escape(c)}</td>"
                 for c in (
-                    html.escape(name),
-                    html.escape(str(t.get("state", ""))),
+                    str(name),
+                    state,
                     str(t.get("restarts", 0)),
-                    "-" if cpu is None else f"{cpu:.0f}%",
-                    "-" if rss is None else f"{rss:.0f} MiB",
+                    _num(m.get("cpu (%)"), "%"),
+                    _num(m.get("rss (MiB)"), " MiB"),
                     gpus,
                 )
             )
@@ -116,6 +145,8 @@ class WidgetMonitor:
         import ipywidgets as w
 
         self._bq = bq
+        self._w = w
+        self.note = ""  # a warning shown under the header while the job runs (the stall watchdog's)
         self.header = w.HTML(header_html(view))
         self.startup = w.IntProgress(
             value=0, min=0, max=max(1, view.total_tasks - 1), description="tasks", bar_style="info"
@@ -126,45 +157,80 @@ class WidgetMonitor:
         self.table = w.HTML("")
         self.logs = w.Textarea(value="", layout=w.Layout(width="100%", height="160px"), disabled=True)
         self.figs: dict[str, Any] = {}
-        self.figs["curves"] = self._figure("loss and metrics", "epoch")
-        self.figs["cpu"] = self._figure("CPU per task (%)", "s")
-        self.figs["rss"] = self._figure("memory per task (MiB)", "s")
-        self.figs["gpu"] = self._figure("GPU utilization (%)", "s")
-        self.figs["gpumem"] = self._figure("GPU memory (MiB)", "s")
-        self.gpu_box = w.HBox([self.figs["gpu"], self.figs["gpumem"]])
+        self.legends: dict[str, Any] = {}
+        for key, title, xlabel in (
+            ("curves", "loss and metrics", "epoch"),
+            ("cpu", "CPU per task (%)", "s"),
+            ("rss", "memory per task (MiB)", "s"),
+            ("gpu", "GPU utilization (%)", "s"),
+            ("gpumem", "GPU memory (MiB)", "s"),
+        ):
+            self.figs[key] = self._figure(title, xlabel)
+            self.legends[key] = w.HTML("", layout=w.Layout(width="330px"))
+        chart = {k: w.VBox([self.figs[k], self.legends[k]]) for k in self.figs}
+        self.gpu_box = w.HBox([chart["gpu"], chart["gpumem"]])
         self.gpu_box.layout.display = "none"
         self.widget = w.VBox(
             [
                 self.header,
                 w.HBox([self.startup, self.startup_label]),
                 w.HBox([self.epochs, self.epochs_label]),
-                w.HBox([self.figs["curves"], self.figs["cpu"], self.figs["rss"]]),
+                w.HBox([chart["curves"], chart["cpu"], chart["rss"]]),
                 self.gpu_box,
                 self.table,
                 w.Accordion(children=[self.logs], titles=("logs (all tasks; full logs: %tfdist logs NAME)",)),
             ]
         )
         self.widget.add_class("tfdist-monitor")
+        self.widget.add_class(job_css_class(view.name))
 
     def _figure(self, title: str, xlabel: str) -> Any:
+        """A chart without bqplot's legend (it sits on the lines): the legend is HTML under it."""
         bq = self._bq
         xs, ys = bq.LinearScale(), bq.LinearScale()
-        line = bq.Lines(x=[], y=[], scales={"x": xs, "y": ys}, display_legend=True, labels=[])
+        line = bq.Lines(
+            x=[], y=[], scales={"x": xs, "y": ys}, display_legend=False, labels=[], colors=PALETTE
+        )
         fig = bq.Figure(
             marks=[line],
             axes=[bq.Axis(scale=xs, label=xlabel), bq.Axis(scale=ys, orientation="vertical")],
             title=title,
-            legend_location="top-right",
-            layout={"width": "330px", "height": "240px"},
+            layout={"width": "330px", "height": "220px"},
             fig_margin={"top": 40, "bottom": 40, "left": 50, "right": 10},
         )
         return fig
 
-    def _set_lines(self, fig: Any, series: dict[str, tuple[list[float], list[float]]]) -> None:
-        line = fig.marks[0]
+    def close(self) -> None:
+        """Close every widget of the monitor (layouts, scales and marks included) once its output shows
+        the picture instead: nothing of it stays in the kernel or in the notebook's widget state."""
+        seen: dict[int, Any] = {}
+        stack: list[Any] = [self.widget]
+        while stack:
+            wid = stack.pop()
+            if id(wid) in seen or not isinstance(wid, self._w.Widget):
+                continue
+            seen[id(wid)] = wid
+            for key in wid.keys:
+                val = getattr(wid, key, None)
+                vals = (
+                    val.values()
+                    if isinstance(val, dict)
+                    else val
+                    if isinstance(val, (list, tuple))
+                    else [val]
+                )
+                stack.extend(v for v in vals if isinstance(v, self._w.Widget))
+        for wid in seen.values():
+            wid.close()
+
+    def _set_lines(self, key: str, series: dict[str, tuple[list[float], list[float]]]) -> None:
+        line = self.figs[key].marks[0]
         names = sorted(series)
         if not names:
             return
+        legend = legend_html(names)
+        if self.legends[key].value != legend:
+            self.legends[key].value = legend
         # at least 2 points per line: bqplot squeezes arrays, and a (k, 1) array would lose its meaning
         n = max(2, max(len(series[k][0]) for k in names))
         xs = [series[k][0] + [series[k][0][-1]] * (n - len(series[k][0])) for k in names]
@@ -173,12 +239,12 @@ class WidgetMonitor:
             line.x, line.y, line.labels = xs, ys, names
 
     def refresh(self, view: JobView) -> None:
-        self.header.value = header_html(view)
+        self.header.value = header_html(view, self.note)
         servers = max(1, view.total_tasks - 1)
         started = sum(
             1
             for n, t in view.tasks.items()
-            if n != "chief-0" and t.get("state") in ("running", "exited", "restarting")
+            if n != "chief-0" and t.get("state") in ("running", "exited", "restarting", "stopped")
         )
         self.startup.max, self.startup.value = servers, min(started, servers)
         self.startup_label.value = f"{started}/{servers} servers started"
@@ -190,22 +256,43 @@ class WidgetMonitor:
             f"{k}={v:.4g}" for k, v in last.items() if k not in ("epoch", "t") and v is not None
         )
         self.epochs_label.value = f"{view.epoch}/{view.epochs or '?'} {view.phase} {metrics}"
-        self._set_lines(self.figs["curves"], _epoch_series(view))
-        self._set_lines(self.figs["cpu"], _series(view, "cpu (%)"))
-        self._set_lines(self.figs["rss"], _series(view, "rss (MiB)"))
+        self._set_lines("curves", _epoch_series(view))
+        self._set_lines("cpu", _series(view, "cpu (%)"))
+        self._set_lines("rss", _series(view, "rss (MiB)"))
         gpu = _gpu_series(view, "util (%)")
         if gpu:
             self.gpu_box.layout.display = "flex"
-            self._set_lines(self.figs["gpu"], gpu)
-            self._set_lines(self.figs["gpumem"], _gpu_series(view, "mem_used (MiB)"))
+            self._set_lines("gpu", gpu)
+            self._set_lines("gpumem", _gpu_series(view, "mem_used (MiB)"))
         self.table.value = tasks_html(view)
         self.logs.value = log_text(view)
         if view.finished:
             self.startup.bar_style = "success" if view.state == "succeeded" else "danger"
 
 
+def legend_html(names: list[str]) -> str:
+    """The legend of a live chart, under it: one swatch per series in the colour bqplot draws it."""
+    return (
+        "<div style='font-size:11px;line-height:1.3'>"
+        + " &nbsp; ".join(
+            f"<span style='white-space:nowrap'>"
+            f"<span style='color:{PALETTE[i % len(PALETTE)]}'>&#9644;</span> "
+            f"{html.escape(str(n))}</span>"
+            for i, n in enumerate(names)
+        )
+        + "</div>"
+    )
+
+
 def static_png(view: JobView) -> bytes:
     """The run as one PNG (matplotlib, Agg): what a saved or exported notebook shows."""
+    buf = io.BytesIO()
+    static_figure(view).savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def static_figure(view: JobView) -> Any:
+    """The charts of the run, legends under the axes (never on the lines), and the final states."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -222,21 +309,24 @@ def static_png(view: JobView) -> bytes:
             ("GPU utilization (%)", "s", gpu),
             ("GPU memory (MiB)", "s", _gpu_series(view, "mem_used (MiB)")),
         ]
-    fig = Figure(figsize=(4 * len(panels), 3.2), dpi=80)
+    fig = Figure(figsize=(4 * len(panels), 3.8), dpi=80, layout="constrained")
     for i, (title, xlabel, series) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
-        for name in sorted(series):
+        for j, name in enumerate(sorted(series)):
             xs, ys = series[name]
-            ax.plot(xs, ys, label=name, marker="o" if xlabel == "epoch" else None, markersize=3)
+            color = PALETTE[j % len(PALETTE)]
+            ax.plot(xs, ys, label=name, color=color, marker="o" if xlabel == "epoch" else None, markersize=3)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel)
-        if series:
-            ax.legend(fontsize=7)
-    fig.suptitle(f"tfdist job {view.name}: {view.state} ({view.message})", fontsize=10)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+        if series:  # under the axes, outside the plotted area
+            ax.legend(
+                fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(3, len(series)),
+                frameon=False,
+            )  # fmt: skip
+    tasks = ", ".join(f"{t} {r.get('state', '')}" for t, r in sorted(view.tasks.items()))
+    title = f"tfdist job {view.name}: {view.state} ({view.message})" + (f"\ntasks: {tasks}" if tasks else "")
+    fig.suptitle(title, fontsize=10)
+    return fig
 
 
 class TextMonitor:

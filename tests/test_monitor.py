@@ -8,7 +8,7 @@ import sys
 import time
 
 from tfdist.jobview import JobView
-from tfdist.kernel_magics.monitor import WidgetMonitor, log_text, static_png, tasks_html
+from tfdist.kernel_magics.monitor import WidgetMonitor, log_text, static_figure, static_png, tasks_html
 from tfdist.sampler import GpuReader, TaskProcess, TaskSampler
 
 
@@ -141,3 +141,104 @@ def test_gpu_reader_without_a_driver_reports_none_not_errors():
     if r.available:  # pragma: no cover - only on GPU machines
         return
     assert r.read(0)["util (%)"] is None
+
+
+def test_monitor_names_its_job_in_a_css_class_and_legends_sit_under_the_charts():
+    t0 = time.time()
+    v = JobView(name="my-job", created=t0, total_tasks=4)
+    m = WidgetMonitor(v)
+    assert {"tfdist-monitor", "tfdist-job-my-job"} <= set(m.widget._dom_classes)
+    for ev in events(t0):
+        v.apply(ev)
+    v.tasks["<i>worker-9</i>"] = {"state": "running", "restarts": 0, "gpus": []}
+    v.metrics.append({"t": t0 + 4, "tasks": {"<i>worker-9</i>": {"cpu (%)": 1.0, "rss (MiB)": 1.0}}})
+    m.refresh(v)
+    for fig in m.figs.values():  # bqplot's own legend is drawn over the lines: never shown
+        assert all(mark.display_legend is False for mark in fig.marks)
+    cpu_legend = m.legends["cpu"].value
+    assert "&lt;i&gt;worker-9&lt;/i&gt;" in cpu_legend and "<i>" not in cpu_legend
+    # each name in the colour its line is drawn in
+    names = list(m.figs["cpu"].marks[0].labels)
+    colors = list(m.figs["cpu"].marks[0].colors)
+    for i, n in enumerate(names):
+        assert (
+            f"color:{colors[i % len(colors)]}"
+            in cpu_legend.split(n.replace("<", "&lt;").replace(">", "&gt;"))[0]
+        )
+
+
+def test_job_supplied_values_are_escaped_in_the_task_table():
+    v = JobView(name="j", total_tasks=2)
+    v.apply({"type": "task", "task": "worker-0", "state": "<b>odd</b>", "restarts": "<script>x</script>"})
+    v.apply({"type": "task", "task": "ps-0", "state": "running", "gpus": ["<img src=x>"]})
+    v.apply(
+        {
+            "type": "metrics",
+            "t": 1.0,
+            "tasks": {
+                "ps-0": {
+                    "cpu (%)": "<u>9</u>",
+                    "rss (MiB)": float("nan"),
+                    "gpus": [{"index": "<s>0</s>", "util (%)": 5.0, "mem_used (MiB)": "<x>"}],
+                }
+            },
+        }
+    )
+    out = tasks_html(v)
+    for raw in ("<b>", "<script>", "<img", "<s>", "<u>", "<x>"):
+        assert raw not in out, raw
+    assert "&lt;script&gt;" in out and "gpu&lt;s&gt;0&lt;/s&gt; 5% -" in out
+
+
+def test_a_finished_job_shows_no_live_task_in_its_table():
+    v = JobView(name="j", total_tasks=2)
+    v.apply({"type": "task", "task": "chief-0", "state": "running"})
+    v.apply({"type": "task", "task": "ps-0", "state": "running"})
+    v.apply({"type": "metrics", "t": 1.0, "tasks": {"chief-0": {"cpu (%)": 0.0, "rss (MiB)": 0.0}}})
+    v.apply(
+        {
+            "type": "state",
+            "state": "stopped",
+            "reason": "interrupted",
+            "message": "interrupted from the notebook",
+        }
+    )
+    out = tasks_html(v)
+    assert "running" not in out and out.count(">stopped<") == 2 and "0 MiB" not in out
+    m = WidgetMonitor(v)
+    m.note = "looks stuck"
+    m.refresh(v)
+    assert "interrupted from the notebook" in m.header.value
+    assert "looks stuck" not in m.header.value  # a warning about a running job, gone once it ended
+
+
+def test_png_legends_never_cover_the_plotted_area():
+    t0 = time.time()
+    v = JobView(name="j", created=t0)
+    for ev in events(t0):
+        v.apply(ev)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = static_figure(v)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    with_legend = [ax for ax in fig.axes if ax.get_legend() is not None]
+    assert len(with_legend) == 5  # curves, CPU, memory, GPU util, GPU memory
+    for ax in with_legend:
+        box = ax.get_legend().get_window_extent(renderer)
+        assert not box.overlaps(ax.get_window_extent(renderer)), ax.get_title()
+    assert "worker-1 running" in fig._suptitle.get_text() or "tasks:" in fig._suptitle.get_text()
+
+
+def test_widget_close_leaves_none_of_its_widgets_open():
+    from ipywidgets.widgets.widget import _instances
+
+    v = JobView(name="j", total_tasks=2)
+    m = WidgetMonitor(v)
+    m.refresh(v)
+    ids = {m.widget.model_id, m.figs["cpu"].model_id, m.figs["cpu"].marks[0].model_id, m.header.model_id}
+    before = set(_instances)
+    m.close()
+    assert not ids & set(_instances)
+    assert len(before - set(_instances)) > 30  # figures, marks, scales, axes, layouts, styles

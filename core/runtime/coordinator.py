@@ -11,26 +11,58 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import Any
 
 CELL_FILENAME = "<tfdist cell>"
+# Steps done are read this often during a fit (one tiny read of a variable on the PS): the heartbeat that
+# shows progress within an epoch and lets the cell tell a slow job from a stuck one.
+HEARTBEAT_S = float(os.environ.get("TFDIST_HEARTBEAT_S", "2"))
 
 
 class _Events:
     def __init__(self) -> None:
         fd = os.environ.get("TFDIST_EVENTS_FD")
         self._f = os.fdopen(int(fd), "wb", buffering=0) if fd else None
+        self._lock = threading.Lock()  # the heartbeat thread sends too: one whole line at a time
 
     def send(self, event: dict[str, Any]) -> None:
         from tfdist.runtime.events import dumps
 
-        if self._f is not None:
+        with self._lock:
+            if self._f is not None:
+                try:
+                    self._f.write(dumps(event))
+                except (BrokenPipeError, ValueError):
+                    self._f = None
+
+
+class _Heartbeat(threading.Thread):
+    """Steps done in the running fit (Keras's own train counter), sent when they change."""
+
+    def __init__(self, model: Any, events: _Events):
+        super().__init__(name="tfdist-heartbeat", daemon=True)
+        self.model, self.events = model, events
+        self.done = threading.Event()
+        self.last: int | None = None
+
+    def read(self) -> None:
+        counter = getattr(self.model, "_train_counter", None)
+        if counter is None:
+            raise AttributeError("no train counter")
+        step = int(counter.numpy())
+        if step != self.last:
+            self.last = step
+            self.events.send({"type": "progress", "phase": "fit", "step": step, "t": time.time()})
+
+    def run(self) -> None:
+        while not self.done.wait(HEARTBEAT_S):
             try:
-                self._f.write(dumps(event))
-            except (BrokenPipeError, ValueError):
-                self._f = None
+                self.read()
+            except Exception:  # unreadable here (or the PS is gone): epochs still report
+                return
 
 
 def _progress_callback(events: _Events) -> Any:
@@ -41,7 +73,23 @@ def _progress_callback(events: _Events) -> Any:
 
         def on_train_begin(self, logs=None):
             self._t0 = time.time()
-            events.send({"type": "progress", "phase": "fit", "epoch": 0, "epochs": self.params.get("epochs")})
+            events.send(
+                {
+                    "type": "progress",
+                    "phase": "fit",
+                    "epoch": 0,
+                    "step": 0,
+                    "epochs": self.params.get("epochs"),
+                }
+            )
+            self._beat = _Heartbeat(self.model, events)
+            self._beat.start()
+
+        def on_train_end(self, logs=None):
+            beat = getattr(self, "_beat", None)
+            if beat is not None:
+                beat.done.set()
+                beat.join(timeout=HEARTBEAT_S + 5)
 
         def on_epoch_end(self, epoch, logs=None):
             from tfdist.runtime.events import clean_number
