@@ -22,6 +22,7 @@ from tfdist.backends.base import Launch
 from tfdist.backends.local import LocalBackend
 from tfdist.jobspec import JobSpec
 from tfdist.payload import pack
+from tfdist.procid import ProcessId
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -58,7 +59,7 @@ def fake_job(state_dir: str, name: str, user: str, state: str = "running", pid: 
         f.write("hello from worker\n<img src=x onerror=alert(1)>\n")
     if pid is not None:
         with open(os.path.join(d, "supervisor.pid"), "w") as f:
-            f.write(str(pid))
+            f.write(ProcessId(pid, psutil.Process(pid).create_time()).dumps())
     return d
 
 
@@ -139,7 +140,7 @@ async def _stop_ends_every_process_of_the_job(jp_fetch, state_dir):
             view = await get_json(jp_fetch, "jobs", name)
         assert view["state"] == "running", view
         with open(os.path.join(state_dir, name, "supervisor.pid")) as f:
-            sup = psutil.Process(int(f.read()))
+            sup = psutil.Process(json.load(f)["pid"])
         pids = [sup.pid] + [c.pid for c in sup.children(recursive=True)]
         assert len(pids) >= 2
         listed = await get_json(jp_fetch, "jobs")

@@ -38,7 +38,7 @@ def wait_for_epoch(state_dir: str, name: str, epoch: int, timeout: float = 120):
 
 def job_pids(state_dir: str, name: str) -> list[int]:
     with open(os.path.join(state_dir, name, "supervisor.pid")) as f:
-        sup = psutil.Process(int(f.read()))
+        sup = psutil.Process(json.load(f)["pid"])
     return [sup.pid] + [c.pid for c in sup.children(recursive=True)]
 
 

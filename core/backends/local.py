@@ -22,26 +22,14 @@ from typing import Any
 from ..errors import BackendUnavailable, JobFailed, JobSpecError
 from ..jobspec import JobSpec
 from ..jobview import JobView
+from ..procid import ProcessId
 from ..runtime import events
 from ..runtime.netns import wrapper_command
+from ..runtime.unixsock import short_path
 from .base import Backend, Launch
 
 KEEP_FINISHED = 20  # finished job directories kept for `%tfdist logs`
 ISOLATION_ENV = "TFDIST_ISOLATION"  # "netns" (default) or "none"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class LocalBackend(Backend):
@@ -60,16 +48,17 @@ class LocalBackend(Backend):
             raise KeyError(name)
         return os.path.join(self.state_dir, name)
 
-    def _supervisor_pid(self, name: str) -> int | None:
+    def _supervisor(self, name: str) -> ProcessId | None:
+        """The job's supervisor as it recorded itself (PID and start time), while it may be running."""
         try:
             with open(os.path.join(self.jobdir(name), "supervisor.pid")) as f:
-                return int(f.read().strip())
-        except (OSError, ValueError, KeyError):
+                return ProcessId.loads(f.read())
+        except (OSError, KeyError):
             return None
 
     def is_running(self, name: str) -> bool:
-        pid = self._supervisor_pid(name)
-        return pid is not None and _pid_alive(pid)
+        sup = self._supervisor(name)
+        return sup is not None and sup.alive()
 
     def _isolation_prefix(self) -> list[str]:
         if self.isolation == "none":
@@ -180,8 +169,8 @@ class LocalBackend(Backend):
     async def _request(
         self, name: str, op: str, **extra: Any
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        sock = os.path.join(self.jobdir(name), "control.sock")
-        reader, writer = await asyncio.open_unix_connection(sock, limit=64 * 2**20)
+        with short_path(os.path.join(self.jobdir(name), "control.sock")) as sock:
+            reader, writer = await asyncio.open_unix_connection(sock, limit=64 * 2**20)
         writer.write(events.dumps({"op": op, **extra}))
         await writer.drain()
         return reader, writer
@@ -215,18 +204,16 @@ class LocalBackend(Backend):
             await asyncio.wait_for(reader.readline(), 5)
             writer.close()
         except (OSError, asyncio.TimeoutError):
-            pid = self._supervisor_pid(name)
-            if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
+            sup = self._supervisor(name)
+            if sup:
+                sup.signal(signal.SIGTERM)
         deadline = time.time() + 10
         while self.is_running(name) and time.time() < deadline:
             await asyncio.sleep(0.1)
         if self.is_running(name):  # last resort: the whole session of the supervisor
-            pid = self._supervisor_pid(name)
-            if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+            sup = self._supervisor(name)
+            if sup:
+                sup.signal(signal.SIGKILL, group=True)
         proc = self._lifelines.get(name)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -278,7 +265,7 @@ class LocalBackend(Backend):
         except (OSError, ValueError):
             view.state = "failed"
             view.message = "the job ended without recording its state"
-        launching = self._supervisor_pid(name) is None and time.time() - view.created < 60
+        launching = self._supervisor(name) is None and time.time() - view.created < 60
         if view.state not in ("succeeded", "failed", "stopped") and not launching:
             # died without a word: say so, and no task of it may look alive
             gone = "the job's supervisor is gone"

@@ -26,8 +26,10 @@ from typing import Any
 from tfdist import memfit, taskenv, tf_config
 from tfdist.jobspec import JobSpec, split_gpus
 from tfdist.jobview import JobView, Reason, final_task_state, reason_for
+from tfdist.procid import ProcessId
 from tfdist.runtime import events, history, lifeline
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
+from tfdist.runtime.unixsock import short_path
 from tfdist.sampler import TaskProcess, TaskSampler
 from tfdist.taskenv import THREAD_VARS
 
@@ -427,7 +429,8 @@ class Supervisor:
         sock_path = os.path.join(self.jobdir, "control.sock")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sock_path)
-        server = await asyncio.start_unix_server(self.serve_client, path=sock_path)
+        with short_path(sock_path) as bindable:  # long homes and job names pass AF_UNIX's 107 bytes
+            server = await asyncio.start_unix_server(self.serve_client, path=bindable)
         os.chmod(sock_path, 0o600)
         bg = [asyncio.ensure_future(c) for c in (self._lifeline(), self._ticker())]
         self.emit({"type": "state", "state": "starting", "message": "starting tasks"})
@@ -458,6 +461,8 @@ class Supervisor:
         state, message, error = outcome
         if state == "succeeded":
             memfit.save_footprint(os.path.dirname(os.path.abspath(self.jobdir)), self.peaks_mib)
+        with contextlib.suppress(FileNotFoundError):  # the model and data: may be hundreds of MB
+            os.unlink(os.path.join(self.jobdir, "payload.bin"))
         ev: dict[str, Any] = {"type": "state", "state": state, "message": message, "t": time.time()}
         ev["reason"] = reason_for(state, error, self.stop_code).value
         if error:
@@ -569,9 +574,14 @@ def main() -> int:
         from tfdist.runtime.netns import bring_up_loopback
 
         bring_up_loopback()
-    with open(os.path.join(jobdir, "supervisor.pid"), "w") as f:
-        f.write(str(os.getpid()))
-    return asyncio.run(Supervisor(jobdir).run())
+    pidfile = os.path.join(jobdir, "supervisor.pid")
+    with open(pidfile, "w") as f:
+        f.write(ProcessId.current().dumps())  # the PID alone could name another process later
+    try:
+        return asyncio.run(Supervisor(jobdir).run())
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pidfile)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""Local jobs under hostile conditions a user meets sooner or later: output of any shape, long paths,
+PIDs the system reused, big payloads left on disk. Real supervisors and TensorFlow processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.kernels import RUN_MARK
+from tfdist.backends.base import Launch
+from tfdist.backends.local import LocalBackend
+from tfdist.jobspec import JobSpec
+from tfdist.jobview import JobView
+from tfdist.payload import pack
+from tfdist.procid import ProcessId
+
+pytestmark = pytest.mark.slow
+
+LAUNCH = Launch(env={"TF_CPP_MIN_LOG_LEVEL": "3", "TFDIST_TEST_RUN": RUN_MARK})
+
+
+async def run_job(backend: LocalBackend, name: str, source: str, timeout: float = 240) -> JobView:
+    spec = JobSpec(name=name, user="me", workers=1, ps=1, timeout_s=120)
+    await backend.submit(spec, pack(source, [], {}), LAUNCH)
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            view = await backend.status(name)
+            if view.finished:
+                return view
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"job {name} did not end in {timeout}s: {view.state} {view.message}")
+    finally:
+        await backend.stop(name)
+
+
+async def test_one_long_line_and_a_carriage_return_progress_bar_do_not_hang_a_job(tmp_path: Path) -> None:
+    backend = LocalBackend(str(tmp_path / "jobs"))
+    source = (
+        "import sys\n"
+        "sys.stdout.write('x' * 2**21)\n"  # 2 MiB without a newline: past asyncio's 64 KiB line limit
+        "sys.stdout.flush()\n"
+        "for i in range(20000):\n"
+        "    print(f'\\rstep {i}/20000', end='', flush=True)\n"
+        "print()\n"
+        "print('after the flood')\n"
+        "done = True\n"
+    )
+    view = await run_job(backend, "flood", source)
+    assert view.state == "succeeded", (view.message, view.error)
+    logs = (await backend.logs("flood", "chief-0"))["chief-0"]
+    assert "after the flood" in logs
+    assert len(logs) < 4 * 2**20  # the log file is bounded
+
+
+async def test_a_job_works_under_a_path_longer_than_af_unix_allows(tmp_path: Path) -> None:
+    deep = tmp_path / ("home-of-a-user-with-a-long-name-" * 3) / ".local/state/tfdist/jobs"
+    backend = LocalBackend(str(deep))
+    name = "a-job-name-that-is-forty-characters-long"[:40]
+    assert len(os.fsencode(str(deep / name / "control.sock"))) > 107
+    view = await run_job(backend, name, "x = 6 * 7\n")
+    assert view.state == "succeeded", (view.message, view.error)
+    assert await backend.fetch_result(name) is not None
+
+
+async def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
+    """A finished job whose recorded supervisor PID now belongs to someone else's process."""
+    backend = LocalBackend(str(tmp_path / "jobs"))
+    await run_job(backend, "old", "x = 1\n")
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        me = psutil.Process(bystander.pid)
+        # what the file would say had an earlier process with this PID been the supervisor
+        stale = ProcessId(bystander.pid, me.create_time() - 100)
+        (tmp_path / "jobs" / "old" / "supervisor.pid").write_text(stale.dumps())
+        assert not backend.is_running("old")
+        assert await backend.stop("old") is False
+        (tmp_path / "jobs" / "old" / "supervisor.pid").write_text(str(bystander.pid))  # an older format
+        assert not backend.is_running("old") and await backend.stop("old") is False
+        time.sleep(0.3)
+        assert bystander.poll() is None, "the bystander was killed"
+        assert (await backend.status("old")).state == "succeeded"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+async def test_a_failed_job_leaves_no_payload_behind(tmp_path: Path) -> None:
+    backend = LocalBackend(str(tmp_path / "jobs"))
+    view = await run_job(backend, "boom", "raise ValueError('nope')\n")
+    assert view.state == "failed" and "nope" in view.message
+    jobdir = tmp_path / "jobs" / "boom"
+    assert not (jobdir / "payload.bin").exists()
+    assert not (jobdir / "supervisor.pid").exists()
