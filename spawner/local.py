@@ -25,6 +25,7 @@ from traitlets import Bool, Enum, Float, Unicode, default
 
 from tfdist import settings
 from tfdist.gpus import GpuInventory, NvmlInventory
+from tfdist.procid import ProcessId
 
 from .allocator import CorePicker, GpuAllocator, GpuShortage, ModelAvailability
 from .base import GpuFormMixin, user_error
@@ -309,6 +310,14 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
         self._tfdist_gpu_indices = []
         self._tfdist_core_list = []
 
+    async def poll(self) -> int | None:
+        """The base class asks only whether the PID exists; it must also still be the server."""
+        started = self._tfdist_server_created
+        if self.pid and started is not None and not ProcessId(self.pid, started).alive():
+            self.clear_state()
+            return 0
+        return await super().poll()
+
     async def stop(self, now: bool = False) -> None:
         # kernels run in sessions of their own; remember them to end any the server leaves behind
         self._tfdist_record_tree()
@@ -329,12 +338,27 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
             state["tfdist_cgroup"] = str(self._tfdist_cgroup_path)
         if self.pid and self._tfdist_mem_limit:
             state["tfdist_memory"] = int(self._tfdist_mem_limit)
+        if self.pid:
+            started = self._tfdist_server_created
+            if started is None:
+                ident = ProcessId.of(self.pid)
+                started = ident.started if ident else None
+            if started is not None:
+                state["tfdist_started"] = started  # a PID alone may name another process later
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Adopt a server that outlived a hub restart: its GPUs, cores, cgroup or watchdog come back."""
         super().load_state(state)
         if not self.pid:
+            return
+        started = state.get("tfdist_started")
+        if isinstance(started, (int, float)) and not ProcessId(self.pid, float(started)).alive():
+            # the server is gone and its PID may now be someone else's process: never adopt (or signal) it
+            self.log.warning(
+                "tfdist: %s's saved server pid %s is not that server any more", self.tfdist_owner, self.pid
+            )
+            self.pid = 0
             return
         # even for a server that died meanwhile: release (clear_state) then ends what is left in the cgroup
         self._tfdist_cgroup_path = self._tfdist_saved_cgroup(state.get("tfdist_cgroup"))

@@ -330,6 +330,34 @@ def test_load_state_of_a_dead_server_takes_nothing(fresh_hub_objects: CorePicker
     sp.clear_state()
 
 
+async def test_a_saved_pid_that_names_another_process_is_neither_adopted_nor_signalled(
+    fresh_hub_objects: CorePicker,
+) -> None:
+    """After a hub restart the saved server PID may belong to an unrelated process (the same Unix user's)."""
+    bystander = _sleeper()
+    sp = _spawner(memory_check_interval=0.05)
+    try:
+        started = psutil.Process(bystander.pid).create_time()
+        sp.load_state({"pid": bystander.pid, "tfdist_gpus": [0], "tfdist_started": started - 50})
+        assert sp.pid == 0 and sp.tfdist_allocator().held_by("alice/") == []
+        assert await sp.poll() is not None
+        await sp.stop()
+        # the same PID, adopted while it was the server, then reused: poll says gone, stop signals nothing
+        sp2 = _spawner("bob", memory_check_interval=0)
+        sp2.load_state({"pid": bystander.pid, "tfdist_gpus": [1], "tfdist_started": started})
+        assert sp2.tfdist_allocator().held_by("bob/") == [1]
+        # as if the server had died and its PID come back as another process
+        sp2._tfdist_server_created = started - 50
+        sp2._tfdist_tree = {bystander.pid: started - 50}
+        assert await sp2.poll() == 0
+        assert sp2.tfdist_allocator().held_by("bob/") == []
+        await sp2.stop()
+        time.sleep(0.3)
+        assert bystander.poll() is None, "an unrelated process was killed"
+    finally:
+        _end(bystander)
+
+
 # ---- what a dead server leaves behind (watchdog mode) ----------------------------------------------------
 
 _SERVER = (
