@@ -7,16 +7,11 @@ question the same way, and tests can swap in a named double where no GPU exists.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Protocol
 
+from .nvml import GpuInfo, Nvml
 
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int  # NVML index on this machine (what CUDA_VISIBLE_DEVICES names)
-    name: str  # model, e.g. "NVIDIA H100 80GB HBM3"
-    uuid: str
-    memory_total_mib: float
+__all__ = ["GpuInfo", "GpuInventory", "NvmlInventory", "parse_visible_devices", "visible_gpus"]
 
 
 class GpuInventory(Protocol):
@@ -27,32 +22,8 @@ class NvmlInventory:
     """The real inventory. No NVML library (no driver) means no GPUs, not an error."""
 
     def gpus(self) -> list[GpuInfo]:
-        try:
-            import pynvml
-        except ImportError:
-            return []
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError:
-            return []
-        try:
-            out = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                name = pynvml.nvmlDeviceGetName(h)
-                uuid = pynvml.nvmlDeviceGetUUID(h)
-                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-                out.append(
-                    GpuInfo(
-                        index=i,
-                        name=name.decode() if isinstance(name, bytes) else name,
-                        uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
-                        memory_total_mib=mem.total / 2**20,
-                    )
-                )
-            return out
-        finally:
-            pynvml.nvmlShutdown()
+        with Nvml() as nvml:
+            return [g for g in map(nvml.info, nvml.indices()) if g is not None]
 
 
 def parse_visible_devices(value: str | None) -> list[str] | None:

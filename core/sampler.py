@@ -14,6 +14,8 @@ from typing import Any
 
 import psutil
 
+from .nvml import Nvml
+
 
 @dataclass
 class TaskProcess:
@@ -23,50 +25,23 @@ class TaskProcess:
 
 
 class GpuReader:
-    """NVML handles opened once; a missing driver makes it an empty reader, not an error."""
+    """NVML handles opened once for the sampler's life; a missing driver makes it an empty reader."""
 
     def __init__(self) -> None:
-        self._handles: dict[int, Any] = {}
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml = pynvml
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                self._handles[i] = pynvml.nvmlDeviceGetHandleByIndex(i)
-        except Exception:
-            self._nvml = None
+        self._nvml = Nvml().open()
 
     @property
     def available(self) -> bool:
-        return bool(self._handles)
+        return bool(self._nvml.indices())
 
     def indices(self) -> list[int]:
-        return sorted(self._handles)
+        return self._nvml.indices()
 
     def read(self, index: int) -> dict[str, float | None]:
-        h = self._handles.get(index)
-        if h is None or self._nvml is None:
-            return {"index": index, "util (%)": None, "mem_used (MiB)": None, "mem_total (MiB)": None}
-        try:
-            util = self._nvml.nvmlDeviceGetUtilizationRates(h)
-            mem = self._nvml.nvmlDeviceGetMemoryInfo(h)
-            return {
-                "index": index,
-                "util (%)": float(util.gpu),
-                "mem_used (MiB)": mem.used / 2**20,
-                "mem_total (MiB)": mem.total / 2**20,
-            }
-        except Exception:
-            return {"index": index, "util (%)": None, "mem_used (MiB)": None, "mem_total (MiB)": None}
+        return {"index": index, **self._nvml.usage(index)}
 
     def close(self) -> None:
-        if self._nvml is not None and self._handles:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:
-                pass
-        self._handles = {}
+        self._nvml.close()
 
 
 class TaskSampler:
