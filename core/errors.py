@@ -28,5 +28,14 @@ class JobFailed(TfdistError):
         super().__init__(message)
 
 
+class NoSuchJob(TfdistError):
+    """No job of that name (for this user) on that backend: its own type, so that a stray KeyError from a
+    bug is never mistaken for a missing job (and turned into a 404)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"no tfdist job named {name!r}; see %tfdist list")
+
+
 class BackendUnavailable(TfdistError):
     """The chosen backend cannot run here (no network namespace, no cluster access...)."""

@@ -21,7 +21,7 @@ from .. import memfit, payload
 from ..aio import Portal
 from ..backends import get_backend
 from ..backends.base import Backend, Launch
-from ..errors import JobFailed, TfdistError
+from ..errors import JobFailed, NoSuchJob, TfdistError
 from ..gpus import visible_gpus
 from ..jobspec import JobSpec, parse_memory, validate
 from ..jobview import JobView, Reason
@@ -337,7 +337,7 @@ class TfdistMagics(Magics):
         for b in self._all_backends():
             try:
                 view = self.portal.call(b.status(name), timeout=30)
-            except KeyError:
+            except NoSuchJob:
                 continue
             if view.user in (self.settings.user, ""):
                 return b

@@ -17,6 +17,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 from ..backends import Backend, get_backend
+from ..errors import NoSuchJob
 from ..settings import Settings, from_environ
 from .logfilter import readable
 from .sampler import ServerSampler
@@ -99,7 +100,7 @@ class BaseHandler(APIHandler):
             raise tornado.web.HTTPError(404, "no such job")
         try:
             view = await self.tfdist.status(name)
-        except KeyError:
+        except NoSuchJob:
             raise tornado.web.HTTPError(404, "no such job") from None
         if not self.tfdist.owns(view.user):
             raise tornado.web.HTTPError(404, "no such job")
@@ -128,7 +129,7 @@ class JobHandler(BaseHandler):
         if not raw:  # nothing live (the supervisor is gone or silent): read the files it left
             try:
                 full = await self.tfdist.backend.logs(name)
-            except (KeyError, OSError):
+            except (NoSuchJob, OSError):
                 full = {}
             raw = {t: text.splitlines() for t, text in full.items()}
         logs: dict[str, list[str]] = {}
@@ -149,7 +150,7 @@ class StopHandler(BaseHandler):
         self.tfdist.reads.clear()
         try:
             state = (await self.tfdist.backend.status(name)).state
-        except KeyError:  # Kubernetes: a stopped job leaves no objects to read
+        except NoSuchJob:  # Kubernetes: a stopped job leaves no objects to read
             state = "stopped"
         self.log.info("tfdist: %s stopped job %s (was %s)", self.tfdist.settings.user, name, view.state)
         self.write_json({"name": name, "stopped": stopped, "state": state})

@@ -20,6 +20,7 @@ from tornado.httpclient import HTTPClientError
 from tests.kernels import wait_gone
 from tfdist.backends.base import Launch
 from tfdist.backends.local import LocalBackend
+from tfdist.errors import NoSuchJob
 from tfdist.jobspec import JobSpec
 from tfdist.payload import pack
 from tfdist.procid import ProcessId
@@ -198,7 +199,7 @@ def test_shared_reads_coalesce_tabs_and_do_not_cache_errors():
 
     async def fail():
         calls["n"] += 1
-        raise KeyError("gone")
+        raise NoSuchJob("gone")
 
     async def scenario():
         reads = SharedReads(ttl=0.5)
@@ -210,7 +211,7 @@ def test_shared_reads_coalesce_tabs_and_do_not_cache_errors():
         for _ in range(2):
             try:
                 await reads.get("missing", fail)
-            except KeyError:
+            except NoSuchJob:
                 pass
         assert calls["n"] == 4
 

@@ -14,6 +14,7 @@ import pytest
 
 from tests.kernels import Kernel, job_processes, kernel_env, wait_gone
 from tfdist.backends.local import LocalBackend
+from tfdist.errors import NoSuchJob
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def wait_for_epoch(state_dir: str, name: str, epoch: int, timeout: float = 120):
             if view.epoch >= epoch:
                 return view
             assert not view.finished, f"job ended early: {view.state} {view.message}"
-        except KeyError:
+        except NoSuchJob:
             pass
         time.sleep(0.5)
     raise TimeoutError(f"job {name} did not reach epoch {epoch}")

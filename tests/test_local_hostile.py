@@ -98,3 +98,14 @@ async def test_a_failed_job_leaves_no_payload_behind(tmp_path: Path) -> None:
     jobdir = tmp_path / "jobs" / "boom"
     assert not (jobdir / "payload.bin").exists()
     assert not (jobdir / "supervisor.pid").exists()
+
+
+async def test_a_missing_job_is_its_own_error_not_a_key_error(tmp_path: Path) -> None:
+    """Only NoSuchJob means 'no such job' (a 404 in the lab server); a KeyError from a bug stays a bug."""
+    from tfdist.errors import NoSuchJob
+
+    backend = LocalBackend(str(tmp_path / "jobs"))
+    for bad in ("nope", "../etc", ".hidden", ""):
+        with pytest.raises(NoSuchJob):
+            await backend.status(bad)
+    assert not issubclass(NoSuchJob, KeyError)

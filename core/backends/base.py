@@ -48,7 +48,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def status(self, name: str) -> JobView:
-        """The job's current view; KeyError if unknown."""
+        """The job's current view; NoSuchJob if unknown."""
 
     @abc.abstractmethod
     async def logs(self, name: str, task: str | None = None) -> dict[str, str]:

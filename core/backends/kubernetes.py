@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..errors import BackendUnavailable, JobSpecError, TfdistError
+from ..errors import BackendUnavailable, JobSpecError, NoSuchJob, TfdistError
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..kube import manifests as mf
@@ -544,7 +544,7 @@ class KubernetesBackend(Backend):
         pods = await self._pods(name)
         job = self._jobs.get(name)
         if not pods and job is None:
-            raise KeyError(name)
+            raise NoSuchJob(name)
         spec = job.spec if job else None
         for p in pods:
             ann = (p["metadata"].get("annotations") or {}).get(mf.A_SPEC)
@@ -581,7 +581,7 @@ class KubernetesBackend(Backend):
         out = {}
         pods = await self._pods(name)
         if not pods:
-            raise KeyError(name)
+            raise NoSuchJob(name)
         for p in pods:
             t = p["metadata"]["labels"].get(mf.L_TASK, p["metadata"]["name"])
             if task and t != task:

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..errors import BackendUnavailable, JobFailed, JobSpecError
+from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..procid import ProcessId
@@ -45,7 +45,7 @@ class LocalBackend(Backend):
     def jobdir(self, name: str) -> str:
         """Names become paths: one that could leave the state directory is no job."""
         if not name or "/" in name or "\0" in name or name.startswith("."):
-            raise KeyError(name)
+            raise NoSuchJob(name)
         return os.path.join(self.state_dir, name)
 
     def _supervisor(self, name: str) -> ProcessId | None:
@@ -53,7 +53,7 @@ class LocalBackend(Backend):
         try:
             with open(os.path.join(self.jobdir(name), "supervisor.pid")) as f:
                 return ProcessId.loads(f.read())
-        except (OSError, KeyError):
+        except (OSError, NoSuchJob):
             return None
 
     def is_running(self, name: str) -> bool:
@@ -224,7 +224,7 @@ class LocalBackend(Backend):
     async def status(self, name: str) -> JobView:
         d = self.jobdir(name)
         if not os.path.isdir(d):
-            raise KeyError(name)
+            raise NoSuchJob(name)
         if self.is_running(name):
             with contextlib.suppress(OSError, ValueError):
                 reader, writer = await self._request(name, "status")
@@ -279,7 +279,7 @@ class LocalBackend(Backend):
             return []
         out = []
         for n in names:
-            with contextlib.suppress(KeyError):
+            with contextlib.suppress(NoSuchJob):
                 out.append((await self.status(n)).summary())
         out.sort(key=lambda s: s.get("created") or 0, reverse=True)
         return out
@@ -287,7 +287,7 @@ class LocalBackend(Backend):
     async def logs(self, name: str, task: str | None = None) -> dict[str, str]:
         logdir = os.path.join(self.jobdir(name), "logs")
         if not os.path.isdir(logdir):
-            raise KeyError(name)
+            raise NoSuchJob(name)
         out = {}
         for fn in sorted(os.listdir(logdir)):
             if not fn.endswith(".log"):  # NAME.log.1: what rolled over (tasklog.RollingLog)

@@ -1,0 +1,223 @@
+"""What a user sees in the `%%tfdist` cell, in a real kernel with real jobs: an interrupt is one line and
+leaves nothing, the reason is the same in the cell, `%tfdist list` and the job's state, one chart stays in
+the output (the PNG), the kernel is busy for the whole cell, a stuck job is called stuck."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import signal
+import time
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tests.conftest import SETUP_CODE
+from tests.kernels import Kernel, job_processes, kernel_env, wait_gone
+from tfdist.backends.local import LocalBackend
+from tfdist.errors import NoSuchJob
+from tfdist.jobview import LIVE_TASK_STATES
+
+pytestmark = pytest.mark.slow
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
+class Watched:
+    """Every iopub message of one execution, and the kernel status JupyterLab would show meanwhile."""
+
+    def __init__(self, kernel: Kernel, code: str):
+        self.kernel = kernel
+        self.msg_id = kernel.kc.execute(code)
+        self.msgs: list[dict[str, Any]] = []
+        self.lab_status: list[tuple[str, str]] = []  # (status, parent msg_type) as JupyterLab tracks it
+        from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
+
+        self.untracked = set(MappingKernelManager.class_traits()["untracked_message_types"].default())
+        self.done = False
+
+    def pump(self, seconds: float) -> None:
+        deadline = time.time() + seconds
+        while not self.done and time.time() < deadline:
+            try:
+                msg = self.kernel.kc.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                continue
+            parent = msg["parent_header"]
+            if msg["msg_type"] == "status" and parent.get("msg_type") not in self.untracked:
+                self.lab_status.append((msg["content"]["execution_state"], parent.get("msg_id")))
+            if parent.get("msg_id") != self.msg_id:
+                continue
+            self.msgs.append(msg)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                self.done = True
+
+    def wait(self, timeout: float) -> None:
+        self.pump(timeout)
+        assert self.done, f"cell did not finish in {timeout}s: {self.text[-2000:]}"
+
+    @property
+    def text(self) -> str:
+        return "".join(m["content"]["text"] for m in self.msgs if m["msg_type"] == "stream")
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        errs = [m["content"] for m in self.msgs if m["msg_type"] == "error"]
+        return errs[-1] if errs else None
+
+    def outputs(self) -> list[dict[str, Any]]:
+        """The cell's outputs as a front end ends up showing them (update_display_data applied)."""
+        out: list[dict[str, Any]] = []
+        ids: dict[str, list[int]] = {}
+        for m in self.msgs:
+            t, c = m["msg_type"], m["content"]
+            did = (c.get("transient") or {}).get("display_id")
+            if t == "display_data":
+                out.append(c["data"])
+                if did:
+                    ids.setdefault(did, []).append(len(out) - 1)
+            elif t == "update_display_data":
+                for i in ids.get(did, []):
+                    out[i] = c["data"]
+        return out
+
+
+def job_view(state_dir: str, name: str):
+    return asyncio.run(LocalBackend(state_dir).status(name))
+
+
+def wait_view(state_dir: str, name: str, ok, watched: Watched, timeout: float = 180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        watched.pump(0.5)
+        try:
+            view = job_view(state_dir, name)
+        except NoSuchJob:
+            continue
+        if ok(view):
+            return view
+        assert not view.finished, f"job ended early: {view.state} {view.message}\n{watched.text}"
+    raise TimeoutError(f"job {name}: condition not reached\n{watched.text}")
+
+
+def test_interrupt_is_one_line_same_reason_everywhere_one_chart_and_busy_throughout(tf_kernel):
+    """Heartbeat steps arrive within an epoch; a control request mid-cell cannot make the kernel look idle;
+    the interrupt leaves one line, no process, the reason `interrupted` in the cell, the state and the
+    list, no live task, and one picture in the output."""
+    w = Watched(
+        tf_kernel,
+        "%%tfdist run --name cut\nhistory = model.fit(train_ds, epochs=1, steps_per_epoch=100000)\n",
+    )
+    view = wait_view(tf_kernel.state_dir, "cut", lambda v: v.step > 0, w)
+    assert view.epoch == 0  # the heartbeat shows steps inside the first epoch, before any epoch ended
+    # jupyter-resource-usage asks on the control channel; its busy/idle must not leave JupyterLab "idle"
+    tf_kernel.kc.control_channel.send(tf_kernel.kc.session.msg("usage_request", {}))
+    w.pump(3)
+    others = [s for s in w.lab_status if s[1] != w.msg_id]
+    assert others, "the control request published no status (test cannot see the problem)"
+    assert w.lab_status[-1] == ("busy", w.msg_id), w.lab_status
+    pids = [p.pid for p in job_processes()]
+    tf_kernel.km.interrupt_kernel()
+    w.wait(60)
+    assert wait_gone(pids, 10) == []
+    err = w.error
+    assert err and err["ename"] == "KeyboardInterrupt", err
+    assert err["evalue"] == "tfdist job cut interrupted; all its processes were ended"
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err["traceback"]))
+    assert len(shown.splitlines()) <= 2, shown
+    for frame in ("magics.py", "queue.py", "threading.py", "Traceback"):
+        assert frame not in shown, shown
+    # the kernel's status stayed busy until the cell's own idle
+    assert all(s == ("busy", w.msg_id) for s in w.lab_status[w.lab_status.index(others[-1]) + 1 : -1])
+    assert w.lab_status[-1] == ("idle", w.msg_id)
+    # one vocabulary: the job's own state, the list and the cell say the same
+    view = job_view(tf_kernel.state_dir, "cut")
+    assert (view.state, view.reason, view.message) == (
+        "stopped",
+        "interrupted",
+        "interrupted from the notebook",
+    )
+    assert not [t for t, r in view.tasks.items() if r["state"] in LIVE_TASK_STATES], view.tasks
+    listed = tf_kernel.execute("%tfdist list", timeout=60).text
+    assert re.search(r"cut .* stopped .*interrupted from the notebook", listed), listed
+    # one chart: the live widgets were replaced by the run's picture
+    outs = w.outputs()
+    assert [o for o in outs if "image/png" in o] and not [o for o in outs if WIDGET in o], outs
+    assert sum(1 for o in outs if "image/png" in o) == 1
+
+
+def test_a_saved_notebook_keeps_one_picture_of_the_run(tmp_path):
+    """nbclient runs a notebook as JupyterLab would save it: the job cell's outputs hold the PNG once, no
+    widget view, and no monitor widget is left in the saved widget state."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(SETUP_CODE),
+        nbformat.v4.new_code_cell(
+            "%%tfdist run --name saved --workers 1 --ps 1\n"
+            "history = model.fit(train_ds, epochs=2, steps_per_epoch=5)\n"
+        ),
+    ]
+    env = kernel_env(str(tmp_path / "state"))
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        NotebookClient(
+            nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        ).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    outs = nb.cells[1].outputs
+    pictures = [
+        o for o in outs if o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+    ]
+    widgets = [o for o in outs if WIDGET in o.get("data", {})]
+    assert len(pictures) == 1 and not widgets, outs
+    assert "saved: succeeded" in pictures[0]["data"]["text/plain"]
+    assert any("succeeded" in o.get("text", "") for o in outs if o.get("output_type") == "stream")
+    state = (nb.metadata.get("widgets") or {}).get("application/vnd.jupyter.widget-state+json", {})
+    classes = [m.get("state", {}).get("_dom_classes") for m in state.get("state", {}).values()]
+    assert not [c for c in classes if c and "tfdist-monitor" in c], classes
+
+
+def test_a_job_without_progress_is_called_stuck_with_its_cpu(tf_kernel):
+    w = Watched(
+        tf_kernel,
+        "%%tfdist run --name quiet --workers 1 --ps 1 --stall-timeout 4\n"
+        "import time\ntime.sleep(20)\ny = 7\n",
+    )
+    w.wait(240)
+    assert w.error is None, w.error
+    text = w.text
+    assert "tfdist: job quiet looks stuck: no training progress for" in text, text
+    assert re.search(r"CPU now: chief-0 \d+%, ps-0 \d+%, worker-0 \d+%", text), text
+    assert "interrupt the kernel" in text and "Stop in the Distributed jobs panel" in text
+    assert text.count("looks stuck") == 1  # said once, not every second
+    assert tf_kernel.execute("print(y)", timeout=30).text.strip() == "7"  # the job went on and finished
+
+
+def test_a_killed_kernel_leaves_a_job_that_says_so_with_no_task_starting(tmp_path):
+    """Killed while its job starts (what the panel showed as chief-0 "starting" for ever)."""
+    state = str(tmp_path / "state")
+    k = Kernel(kernel_env(state), cwd=str(tmp_path))
+    try:
+        assert k.execute(SETUP_CODE, timeout=180).error is None
+        k.execute_in_background(
+            "%%tfdist run --name orphan --workers 1 --ps 1\nimport time\ntime.sleep(60)\n"
+        )
+        deadline = time.time() + 60
+        while not os.path.exists(os.path.join(state, "orphan", "control.sock")) and time.time() < deadline:
+            time.sleep(0.1)
+        pids = [p.pid for p in job_processes()]
+        os.kill(k.pid, signal.SIGKILL)
+        assert wait_gone(pids, 15) == []
+    finally:
+        k.shutdown()
+    view = job_view(state, "orphan")
+    assert (view.state, view.reason) == ("stopped", "kernel-gone"), (view.state, view.reason, view.message)
+    assert view.message == "the notebook kernel that started this job went away"
+    assert view.tasks and not [t for t, r in view.tasks.items() if r["state"] in LIVE_TASK_STATES], view.tasks
