@@ -90,9 +90,31 @@ ensure_chromium() {
   fi
 }
 
+_project_hash() {
+  # what goes into the wheel: the packages' files, its metadata, and the built lab extension (by its stamp)
+  (cd "$_root" && {
+    find core spawner kernel_magics labserver jupyter-config -type f -not -path 'core/labextension/*' \
+      -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+    sha256sum pyproject.toml README.md
+    cat core/labextension/.build-stamp 2>/dev/null
+  } | sha256sum | cut -c1-32)
+}
+
 install_project() {
   # Non-editable on purpose: the tests run against the wheel users get (namespace mapping, prebuilt extension).
   # under a lock: two installs into one venv at once leave it half-written
+  local hash
+  hash=$(_project_hash)  # before: an edit made during the install makes the next check reinstall
   (cd "$_root" && flock "$TFDIST_CACHE/.install.lock" \
     "$VENV/bin/pip" install -q --no-deps --force-reinstall --no-build-isolation .)
+  echo "$_root $hash" >"$VENV/.tfdist-installed"
+}
+
+install_project_if_changed() {
+  # scripts/run-hub: reuse the installed wheel when it came from these very sources (no 5-20 s reinstall)
+  if [ -x "$VENV/bin/tfdist-local-hub" ] &&
+    [ "$(cat "$VENV/.tfdist-installed" 2>/dev/null)" = "$_root $(_project_hash)" ]; then
+    return 0
+  fi
+  install_project
 }
