@@ -1,44 +1,127 @@
 """The notebook's side of the coordinator agent (tfdist.runtime.agent): upload, follow, download.
 
-Blocking urllib calls run in threads (asyncio.to_thread), so the backend stays async without a new HTTP
-dependency in the kernel.
+aiohttp (already in the kernel through kubernetes_asyncio). Every request is signed and every answer's
+signature is checked (tfdist.kube.signing): the token never leaves the notebook, and bytes that did not
+come from the job's agent are never returned (so never unpickled). A dropped connection, a timeout or a
+5xx is retried with backoff for up to `retry_for` seconds: one reset connection does not fail a job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
+import random
+import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import BackendUnavailable, TfdistError
+from . import signing
+
+TRANSIENT_STATUS = (502, 503, 504)
+
+
+class AgentForged(TfdistError):
+    """An answer not signed with the job's token: something other than the job's agent answered."""
 
 
 class AgentClient:
-    def __init__(self, base_url: str, token: str):
+    def __init__(self, base_url: str, token: str, *, retry_for: float = 60.0):
         self.base_url = base_url.rstrip("/")
-        self._auth = {"Authorization": f"Bearer {token}"}
+        self._token = token
+        self.retry_for = retry_for
+        self._session: Any = None
+        self.requests = 0  # HTTP requests sent, retries included (benchmarks)
 
-    def _call(self, method: str, path: str, body: bytes | None = None, timeout: float = 30.0) -> bytes:
-        req = urllib.request.Request(self.base_url + path, data=body, method=method, headers=self._auth)
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.read()
+    async def _http(self) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _once(self, method: str, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        import aiohttp
+
+        auth, nonce = signing.sign_request(self._token, method, path, signing.digest(body))
+        session = await self._http()
+        self.requests += 1
+        async with session.request(
+            method,
+            self.base_url + path,
+            data=body if method in ("PUT", "POST") else None,
+            headers={"Authorization": auth},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as r:
+            data = await r.read()
+            if r.status in TRANSIENT_STATUS:
+                raise ConnectionError(f"agent answered {r.status}")
+            if r.status == 401:
+                raise AgentForged(
+                    f"the coordinator's agent at {urlsplit(self.base_url).netloc} refused the job's "
+                    f"signature: {data[:200]!r}"
+                )
+            try:
+                signing.verify_response(
+                    self._token, nonce, r.status, data, r.headers.get(signing.RESPONSE_HEADER)
+                )
+            except signing.BadSignature:
+                raise AgentForged(
+                    f"{urlsplit(self.base_url).netloc} answered without the job's signature: it is not this "
+                    "job's coordinator; nothing it sent was used"
+                ) from None
+            return r.status, data
+
+    async def request(
+        self, method: str, path: str, body: bytes = b"", timeout: float = 30.0
+    ) -> tuple[int, bytes]:
+        """(status, body) of a signed request, retried on transient failures for `retry_for` seconds."""
+        import aiohttp
+
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.25
+        while True:
+            try:
+                return await self._once(method, path, body, timeout)
+            except (aiohttp.ClientError, ConnectionError, TimeoutError, OSError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise BackendUnavailable(
+                        f"lost the coordinator's agent at {urlsplit(self.base_url).netloc} for "
+                        f"{self.retry_for:g}s: {exc!r}"
+                    ) from None
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
 
     async def reachable(self) -> bool:
+        """Whether the agent answers at all (an unsigned probe; nothing it says is trusted)."""
+        import aiohttp
+
         try:
-            await asyncio.to_thread(self._call, "GET", "/healthz", None, 3.0)
-            return True
-        except (urllib.error.URLError, OSError, TimeoutError):
+            session = await self._http()
+            self.requests += 1
+            async with session.get(self.base_url + "/healthz", timeout=aiohttp.ClientTimeout(total=3)) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
             return False
 
     async def upload(self, payload: bytes) -> None:
-        await asyncio.to_thread(self._call, "PUT", "/payload", payload, 600.0)
+        """Once per job; a retry after a lost answer is accepted by the agent (same digest)."""
+        status, data = await self.request("PUT", "/payload", payload, timeout=600.0)
+        if status != 200:
+            raise BackendUnavailable(f"the coordinator refused the payload ({status}): {data[:200]!r}")
 
     async def events(self, start: int = 0) -> AsyncIterator[dict[str, Any]]:
         """Every event from `start` on, until the job's final state."""
         i = start
         while True:
-            data = json.loads(await asyncio.to_thread(self._call, "GET", f"/events?from={i}", None, 30.0))
+            _, body = await self.request("GET", f"/events?from={i}", timeout=30.0)
+            data = json.loads(body)
             i = max(i, data.get("first", i))  # events older than the agent's ring were dropped
             for ev in data["events"]:
                 i += 1
@@ -47,12 +130,12 @@ class AgentClient:
                     return
 
     async def result(self) -> bytes | None:
-        try:
-            return await asyncio.to_thread(self._call, "GET", "/result", None, 600.0)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
+        status, data = await self.request("GET", "/result", timeout=600.0)
+        if status == 404:
+            return None
+        if status != 200:
+            raise BackendUnavailable(f"the coordinator's agent answered {status} for the results")
+        return data
 
     async def done(self) -> None:
-        await asyncio.to_thread(self._call, "POST", "/done", b"{}", 10.0)
+        await self.request("POST", "/done", b"{}", timeout=10.0)

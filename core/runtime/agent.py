@@ -2,13 +2,14 @@
 
 A small HTTP server in the coordinator pod. The notebook PUTs the payload (any size: streamed to disk,
 not a 1 MiB ConfigMap), reads the job's events, and GETs the results; workers POST their samples. Every
-call but /healthz needs the job's token (a per-job Secret), and the NetworkPolicy admits only the job's
-pods and the notebook pod to this port.
+call but /healthz must be signed with the job's token (a per-job Secret; tfdist.kube.signing: the token
+itself never travels) and every answer is signed back, so the notebook unpickles only what this agent
+sent; the NetworkPolicy admits only the job's pods and the notebook pod to this port.
 """
 
 from __future__ import annotations
 
-import hmac
+import hashlib
 import json
 import os
 import threading
@@ -17,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from ..kube import signing
 from . import events as wire
 
 CHUNK = 1 << 20
@@ -80,6 +82,7 @@ class AgentState:
         self.log = JobLog()
         self.metrics = MetricsMerger(self.log)
         self.payload_ready = threading.Event()
+        self.payload_digest = ""
         self.delivered = threading.Event()
         self.finished = threading.Event()
 
@@ -91,18 +94,32 @@ def make_handler(state: AgentState) -> type[BaseHTTPRequestHandler]:
         def log_message(self, fmt: str, *args: Any) -> None:  # requests are not job logs
             pass
 
-        def _authorized(self) -> bool:
-            got = self.headers.get("Authorization", "")
-            ok = hmac.compare_digest(got.encode(), f"Bearer {state.token}".encode())
-            if not ok:
-                self._send(401, {"error": "a valid job token is required"})
-            return ok
+        _nonce: str | None = None
+
+        def _authorized(self, body_digest: str = signing.digest(b"")) -> bool:
+            try:
+                self._nonce = signing.verify_request(
+                    state.token, self.headers.get("Authorization", ""), self.command, self.path, body_digest
+                )
+            except signing.BadSignature as exc:
+                self._nonce = None
+                self._send(401, {"error": f"a request signed with the job's token is required ({exc})"})
+                return False
+            return True
+
+        def _sign(self, code: int, body_digest: str) -> None:
+            if self._nonce:
+                self.send_header(
+                    signing.RESPONSE_HEADER,
+                    signing.sign_response(state.token, self._nonce, code, body_digest),
+                )
 
         def _send(self, code: int, body: Any, ctype: str = "application/json") -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
+            self._sign(code, signing.digest(data))
             self.end_headers()
             self.wfile.write(data)
 
@@ -127,9 +144,14 @@ def make_handler(state: AgentState) -> type[BaseHTTPRequestHandler]:
                     self._send(404, {"error": "no result"})
                     return
                 size = os.path.getsize(path)
+                h = hashlib.sha256()
+                with open(path, "rb") as f:
+                    while chunk := f.read(CHUNK):
+                        h.update(chunk)
                 self.send_response(200)
                 self.send_header("Content-Type", "application/octet-stream")
                 self.send_header("Content-Length", str(size))
+                self._sign(200, h.hexdigest())
                 self.end_headers()
                 with open(path, "rb") as f:
                     while chunk := f.read(CHUNK):
@@ -138,32 +160,43 @@ def make_handler(state: AgentState) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": "unknown path"})
 
         def do_PUT(self) -> None:
-            if not self._authorized():
-                return
-            if self.path != "/payload" or state.payload_ready.is_set():
-                self._send(409, {"error": "the payload was already received"})
-                return
+            # the body is read (and hashed) before the signature over it can be checked
             left = int(self.headers.get("Content-Length", "0"))
-            tmp = os.path.join(state.jobdir, "payload.bin.part")
+            tmp = os.path.join(state.jobdir, f"payload.bin.part{threading.get_ident()}")
+            h = hashlib.sha256()
             with open(tmp, "wb") as f:
                 while left > 0:
                     chunk = self.rfile.read(min(CHUNK, left))
                     if not chunk:
                         break
                     f.write(chunk)
+                    h.update(chunk)
                     left -= len(chunk)
+            if not self._authorized(h.hexdigest()):
+                os.unlink(tmp)
+                return
+            if self.path != "/payload" or state.payload_ready.is_set():
+                os.unlink(tmp)
+                ok = state.payload_digest == h.hexdigest()  # a retried upload of the same payload
+                self._send(
+                    200 if ok else 409, {"ok": True} if ok else {"error": "another payload was received"}
+                )
+                return
             if left:
+                os.unlink(tmp)
                 self._send(400, {"error": "the payload was cut short"})
                 return
+            state.payload_digest = h.hexdigest()
             os.replace(tmp, os.path.join(state.jobdir, "payload.bin"))
             state.payload_ready.set()
             self._send(200, {"ok": True})
 
         def do_POST(self) -> None:
-            if not self._authorized():
-                return
             n = int(self.headers.get("Content-Length", "0"))
-            body = self.rfile.read(n) if n else b"{}"
+            body = self.rfile.read(n) if n else b""
+            if not self._authorized(signing.digest(body)):
+                return
+            body = body or b"{}"
             if self.path == "/metrics":
                 ev = wire.loads(body)
                 if ev.get("type") == "metrics":

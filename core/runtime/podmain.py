@@ -16,8 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 
+from ..kube import signing
 from . import events as wire
 
 AGENT_PORT_ENV = "TFDIST_AGENT_PORT"
@@ -75,7 +77,9 @@ def run_chief() -> int:
 
 
 def _post(url: str, token: str, body: bytes, timeout: float = 5.0) -> None:
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Authorization": f"Bearer {token}"})
+    path = urllib.parse.urlsplit(url).path
+    auth, _ = signing.sign_request(token, "POST", path, signing.digest(body))
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Authorization": auth})
     urllib.request.urlopen(req, timeout=timeout).read()
 
 

@@ -1,0 +1,195 @@
+"""The notebook <-> coordinator agent channel (tfdist.kube.signing, agent_client, runtime.agent) with the
+real agent server on 127.0.0.1: the token never travels, an impostor's answer is never returned (so never
+unpickled), and a dropped connection is retried instead of failing the job."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import pickle
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from tfdist.errors import BackendUnavailable
+from tfdist.kube import signing
+from tfdist.kube.agent_client import AgentClient, AgentForged
+from tfdist.runtime.agent import AgentState, serve
+
+TOKEN = "job-token-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def agent(tmp_path):
+    state = AgentState(str(tmp_path), TOKEN)
+    port = free_port()
+    srv = serve(state, port, host="127.0.0.1")
+    yield state, f"http://127.0.0.1:{port}"
+    srv.shutdown()
+
+
+class _Marker:
+    """Unpickling this writes a file: proof that attacker-supplied bytes were unpickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path(self.path).write_text, ("pwned",))
+
+
+def test_signatures_bind_token_method_path_body_and_time():
+    auth, nonce = signing.sign_request(TOKEN, "PUT", "/payload", signing.digest(b"abc"), now=1000)
+    assert TOKEN not in auth
+    assert signing.verify_request(TOKEN, auth, "PUT", "/payload", signing.digest(b"abc"), now=1010) == nonce
+    bad = [
+        ("other-token", "PUT", "/payload", b"abc", 1010),
+        (TOKEN, "GET", "/payload", b"abc", 1010),
+        (TOKEN, "PUT", "/result", b"abc", 1010),
+        (TOKEN, "PUT", "/payload", b"abd", 1010),
+        (TOKEN, "PUT", "/payload", b"abc", 1000 + signing.MAX_SKEW_S + 1),
+    ]
+    for token, method, path, body, now in bad:
+        with pytest.raises(signing.BadSignature):
+            signing.verify_request(token, auth, method, path, signing.digest(body), now=now)
+    for header in ("", "Bearer " + TOKEN, "TFDIST-HMAC ts=x,nonce=1,sig=2", "TFDIST-HMAC nonsense"):
+        with pytest.raises(signing.BadSignature):
+            signing.verify_request(TOKEN, header, "PUT", "/payload", signing.digest(b"abc"), now=1000)
+    sig = signing.sign_response(TOKEN, nonce, 200, signing.digest(b"body"))
+    signing.verify_response(TOKEN, nonce, 200, b"body", sig)
+    for args in ((nonce, 200, b"other", sig), ("n2", 200, b"body", sig), (nonce, 404, b"body", sig)):
+        with pytest.raises(signing.BadSignature):
+            signing.verify_response(TOKEN, *args)
+    with pytest.raises(signing.BadSignature):
+        signing.verify_response(TOKEN, nonce, 200, b"body", None)
+
+
+async def test_real_agent_accepts_only_the_jobs_signature_and_a_retried_upload(agent):
+    state, url = agent
+    wrong = AgentClient(url, "not-the-token", retry_for=2)
+    with pytest.raises(AgentForged, match="refused the job's signature"):
+        await wrong.upload(b"payload")
+    assert not state.payload_ready.is_set()
+    await wrong.close()
+
+    client = AgentClient(url, TOKEN, retry_for=5)
+    try:
+        await client.upload(b"payload-bytes")
+        assert state.payload_ready.is_set()
+        await client.upload(b"payload-bytes")  # a retry after a lost answer: accepted, nothing changes
+        with pytest.raises(BackendUnavailable, match="refused the payload \\(409\\)"):
+            await client.upload(b"another payload")
+        assert (Path(state.jobdir) / "payload.bin").read_bytes() == b"payload-bytes"
+        state.log.add({"type": "state", "state": "succeeded"})
+        assert [e["state"] async for e in client.events()] == ["succeeded"]
+        assert await client.result() is None  # no result yet: 404, signed
+        (Path(state.jobdir) / "result.bin").write_bytes(b"results")
+        assert await client.result() == b"results"
+    finally:
+        await client.close()
+
+
+async def test_impostor_agent_never_sees_the_token_and_its_pickle_is_never_returned(tmp_path):
+    marker = tmp_path / "marker"
+    seen: list[dict] = []
+    evil = pickle.dumps(_Marker(str(marker)))
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _reply(self, body: bytes) -> None:
+            n = int(self.headers.get("Content-Length", "0"))
+            seen.append({"path": self.path, "headers": dict(self.headers), "body": self.rfile.read(n)})
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            # a signature header it cannot compute correctly
+            self.send_header(signing.RESPONSE_HEADER, "0" * 64)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path.startswith("/events"):
+                self._reply(
+                    json.dumps({"first": 0, "events": [{"type": "state", "state": "succeeded"}]}).encode()
+                )
+            else:
+                self._reply(evil)
+
+        do_PUT = do_POST = do_GET
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    client = AgentClient(f"http://127.0.0.1:{srv.server_address[1]}", TOKEN, retry_for=2)
+    try:
+        with pytest.raises(AgentForged, match="not this job's coordinator"):
+            await client.result()
+        with pytest.raises(AgentForged):
+            async for _ in client.events():
+                pass
+        with pytest.raises(AgentForged):
+            await client.upload(b"the model and data")
+    finally:
+        await client.close()
+        srv.shutdown()
+    assert not marker.exists()
+    assert seen and all(TOKEN not in json.dumps(r["headers"]) for r in seen)
+    assert all(TOKEN.encode() not in r["body"] for r in seen)
+
+
+async def test_a_reset_connection_is_retried_not_fatal(agent):
+    """A proxy that cuts the first two connections: the client retries and gets the events."""
+    state, url = agent
+    upstream = int(url.rsplit(":", 1)[1])
+    cuts = {"left": 2}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if cuts["left"] > 0:
+            cuts["left"] -= 1
+            writer.transport.abort()  # a reset, not a clean close
+            return
+        ur, uw = await asyncio.open_connection("127.0.0.1", upstream)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+            finally:
+                w.close()
+
+        try:
+            await asyncio.gather(pipe(reader, uw), pipe(ur, writer), return_exceptions=True)
+        except asyncio.CancelledError:
+            pass
+
+    proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    client = AgentClient(f"http://127.0.0.1:{port}", TOKEN, retry_for=20)
+    try:
+        state.log.add({"type": "progress", "phase": "fit"})
+        state.log.add({"type": "state", "state": "succeeded"})
+        got = [e["type"] async for e in client.events()]
+        assert got == ["progress", "state"] and cuts["left"] == 0
+        assert client.requests >= 2  # at least one retry of ours (aiohttp may retry a reset once itself)
+    finally:
+        await client.close()
+        proxy.close()
+
+
+async def test_an_agent_gone_for_good_fails_after_the_retry_window():
+    client = AgentClient(f"http://127.0.0.1:{free_port()}", TOKEN, retry_for=1.5)
+    try:
+        with pytest.raises(BackendUnavailable, match="lost the coordinator's agent"):
+            await client.result()
+    finally:
+        await client.close()
