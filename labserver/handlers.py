@@ -128,7 +128,8 @@ class JobHandler(BaseHandler):
             raw.setdefault(task, []).append(line)
         if not raw:  # nothing live (the supervisor is gone or silent): read the files it left
             try:
-                full = await self.tfdist.backend.logs(name)
+                # tails only (a few hundred lines, not whole files or pod logs) on every 1 Hz poll
+                full = await self.tfdist.backend.logs(name, tail=LOG_TAIL * 4)
             except (NoSuchJob, OSError):
                 full = {}
             raw = {t: text.splitlines() for t, text in full.items()}

@@ -37,3 +37,22 @@ def test_the_file_rolls_over_and_stays_bounded(tmp_path: Path) -> None:
     cur, old = tmp_path / "worker-0.log", tmp_path / "worker-0.log.1"
     assert cur.stat().st_size <= 1000 and old.stat().st_size <= 1000
     assert cur.read_text().rstrip().endswith("0099" * 10)  # the newest output is in the current file
+
+
+async def test_log_tails_read_only_the_end_of_big_files(tmp_path: Path) -> None:
+    """The lab panel polls at 1 Hz: it reads the last lines of each task's log, not whole files."""
+    from tfdist.backends.local import LocalBackend
+    from tfdist.jobspec import JobSpec
+
+    d = tmp_path / "jobs" / "big"
+    (d / "logs").mkdir(parents=True)
+    (d / "spec.json").write_text(JobSpec(name="big", user="me").to_json())
+    with open(d / "logs" / "worker-0.log", "w") as f:
+        for i in range(300_000):  # ~ 5 MB
+            f.write(f"line {i}\n")
+    (d / "logs" / "worker-0.log.1").write_text("rolled over\n")
+    backend = LocalBackend(str(tmp_path / "jobs"))
+    tails = await backend.logs("big", tail=3)
+    assert tails == {"worker-0": "line 299997\nline 299998\nline 299999\n"}
+    whole = await backend.logs("big", "worker-0")
+    assert whole["worker-0"].count("\n") == 300_000

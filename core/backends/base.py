@@ -51,8 +51,8 @@ class Backend(abc.ABC):
         """The job's current view; NoSuchJob if unknown."""
 
     @abc.abstractmethod
-    async def logs(self, name: str, task: str | None = None) -> dict[str, str]:
-        """Full logs per task."""
+    async def logs(self, name: str, task: str | None = None, tail: int | None = None) -> dict[str, str]:
+        """Logs per task: whole, or the last `tail` lines of each (what a 1 Hz panel poll may read)."""
 
     @abc.abstractmethod
     async def fetch_result(self, name: str) -> bytes | None:

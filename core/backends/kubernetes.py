@@ -77,6 +77,55 @@ def newest_per_task(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(newest.values())
 
 
+_SUFFIX = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+}
+
+
+def quantity(text: str) -> float:
+    """A Kubernetes quantity ("500m", "4Gi", "8") as a number."""
+    text = str(text).strip()
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIX[suffix]
+    return float(text)
+
+
+def quota_sentence(message: str) -> str:
+    """The API server's "exceeded quota: q, requested: r=8, used: r=4, limited: r=8" as one sentence."""
+    parts = dict(
+        (k.strip(), v.strip())
+        for k, _, v in (p.partition(":") for p in message.split("exceeded quota:", 1)[-1].split(", ")[1:])
+    )
+
+    def first(key: str) -> tuple[str, str]:
+        res, _, amount = parts.get(key, "").split(",")[0].partition("=")
+        return res, amount
+
+    res, asked = first("requested")
+    _, used = first("used")
+    _, limit = first("limited")
+    what = res.removeprefix("requests.").removeprefix("limits.") or "resources"
+    return (
+        f"the job would exceed your quota of {what}: it asks for {asked or '?'} more, {used or '?'} of "
+        f"{limit or '?'} are in use (your notebook servers count too); ask for less or stop another job"
+    )
+
+
 def _translate(exc: Exception, kind: str, name: str, namespace: str) -> TfdistError:
     from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -86,6 +135,14 @@ def _translate(exc: Exception, kind: str, name: str, namespace: str) -> TfdistEr
         message = json.loads(exc.body or "{}").get("message") or exc.reason
     except ValueError:
         message = exc.reason
+    if exc.status == 403 and "exceeded quota" in message:
+        return JobSpecError(quota_sentence(message))
+    if exc.status in (403, 422) and "denied request:" in message:  # the admin's admission policy
+        return JobSpecError(
+            f"the cluster refused the job ({kind} {name!r}): {message.split('denied request:', 1)[1].strip()}"
+        )
+    if exc.status == 403 and "violates PodSecurity" in message:
+        return JobSpecError(f"the cluster refused {kind} {name!r}: {message}")
     if exc.status == 403:
         return BackendUnavailable(
             f"not allowed to create {kind} {name!r} in namespace {namespace!r}: {message}. The notebook's "
@@ -108,6 +165,13 @@ class _Job:
     payload: bytes
     token: str
     created: float
+    # the pods this backend created, by UID (from the create responses): events of any other pod carrying
+    # the job's labels are ignored, and only the chief UID's address ever gets the payload
+    pod_uids: dict[str, str] = dataclasses.field(default_factory=dict)  # uid -> task
+
+    @property
+    def chief_uids(self) -> set[str]:
+        return {u for u, t in self.pod_uids.items() if t == "chief-0"}
 
 
 class KubernetesBackend(Backend):
@@ -144,22 +208,23 @@ class KubernetesBackend(Backend):
 
         return client.CoreV1Api(await self.api())
 
-    async def _create(self, obj: dict[str, Any]) -> None:
+    async def _create(self, obj: dict[str, Any]) -> str:
+        """Create one object; its UID."""
         from kubernetes_asyncio import client
 
         api = await self.api()
         ns = obj["metadata"]["namespace"]
         kind = obj["kind"]
         if kind == "NetworkPolicy":
-            await client.NetworkingV1Api(api).create_namespaced_network_policy(ns, obj)
-            return
+            res = await client.NetworkingV1Api(api).create_namespaced_network_policy(ns, obj)
+            return res.metadata.uid
         core = client.CoreV1Api(api)
         create = {
             "Pod": core.create_namespaced_pod,
             "Service": core.create_namespaced_service,
             "Secret": core.create_namespaced_secret,
         }[kind]
-        await create(ns, obj)
+        return (await create(ns, obj)).metadata.uid
 
     async def delete_all(self, name: str, namespace: str | None = None) -> None:
         """Delete every object of a job by its label: pods first (they hold the GPUs)."""
@@ -172,7 +237,8 @@ class KubernetesBackend(Backend):
         sel = f"{mf.L_JOB}={name},{mf.L_USER}={mf.user_label(self.settings.user)}"
         calls = [
             core.delete_collection_namespaced_pod(ns, label_selector=sel, grace_period_seconds=0),
-            core.delete_collection_namespaced_secret(ns, label_selector=sel),
+            # by name: the notebook may not list Secrets, and a delete-collection would return their data
+            core.delete_namespaced_secret(f"{name}-token", ns),
             client.NetworkingV1Api(api).delete_collection_namespaced_network_policy(ns, label_selector=sel),
         ]
         for call in calls:
@@ -217,6 +283,7 @@ class KubernetesBackend(Backend):
             raise
         except Exception as exc:
             raise _translate(exc, "pods", spec.name, spec.namespace or "") from None
+        await self._check_quota(spec)
         owner = self._owner()
         token = secrets.token_urlsafe(32)
         objs = mf.job_objects(
@@ -250,7 +317,42 @@ class KubernetesBackend(Backend):
         except BaseException:
             await asyncio.shield(self.delete_all(spec.name, spec.namespace))
             raise
-        self._jobs[spec.name] = _Job(spec=spec, payload=payload, token=token, created=time.time())
+        uids = {str(uid): p["metadata"]["labels"][mf.L_TASK] for p, uid in zip(pods, results, strict=True)}
+        self._jobs[spec.name] = _Job(
+            spec=spec, payload=payload, token=token, created=time.time(), pod_uids=uids
+        )
+
+    async def _check_quota(self, spec: JobSpec) -> None:
+        """Refuse, before anything is created, a job that the namespace's ResourceQuota cannot admit now
+        (the quota still binds if this check is skipped or raced: pod creation is refused all-or-nothing)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        need: dict[str, float] = {"pods": spec.task_count}
+        if spec.gpus_per_worker:
+            need[f"requests.{mf.GPU_RESOURCE}"] = spec.workers * spec.gpus_per_worker
+        if spec.cpu:
+            need["requests.cpu"] = need["limits.cpu"] = spec.cpu * spec.task_count
+        if spec.memory_bytes:
+            need["requests.memory"] = need["limits.memory"] = spec.memory_bytes * spec.task_count
+        try:
+            quotas = (await (await self._core()).list_namespaced_resource_quota(spec.namespace)).items
+        except ApiException:
+            return  # no right to read quotas (shared namespace): the API server still enforces them
+        for q in quotas:
+            hard = (q.status.hard if q.status else None) or (q.spec.hard if q.spec else None) or {}
+            used = (q.status.used if q.status else None) or {}
+            for res, amount in need.items():
+                if res not in hard:
+                    continue
+                limit, now = quantity(hard[res]), quantity(used.get(res, "0"))
+                if now + amount > limit:
+                    what = res.removeprefix("requests.").removeprefix("limits.")
+                    fmt = (lambda v: f"{v / 2**30:g} GiB") if what == "memory" else (lambda v: f"{v:g}")
+                    raise JobSpecError(
+                        f"the job would exceed your quota of {what}: it needs {fmt(amount)}, "
+                        f"{fmt(now)} of {fmt(limit)} are in use (your notebook servers count too); "
+                        "ask for less or stop another job"
+                    )
 
     async def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
         """Pod events (scheduling, task states) merged with the coordinator agent's (progress, metrics,
@@ -344,6 +446,19 @@ class KubernetesBackend(Backend):
         started_all = False
         replaced: dict[str, int] = {}
         current: dict[str, str] = {}  # task -> name of its newest pod
+
+        def ours(pod: dict[str, Any]) -> bool:
+            """A pod this backend created (by UID); without a local record (another kernel's job, shown
+            read-only) any pod with the job's labels."""
+            uid = pod.get("metadata", {}).get("uid")
+            return bool(uid) and (job is None or uid in job.pod_uids)
+
+        def chief_ip(pod: dict[str, Any]) -> str | None:
+            """The coordinator's address, only from the chief pod this backend created."""
+            if job is None or pod.get("metadata", {}).get("uid") not in job.chief_uids:
+                return None
+            return (pod.get("status") or {}).get("podIP") or None
+
         rv: str | None = None
         while True:
             if rv is None:  # (re)list: the current state, and where the watch resumes from
@@ -358,7 +473,7 @@ class KubernetesBackend(Backend):
                         raise
                     await asyncio.sleep(1)
                     continue
-                body["items"] = newest_per_task(body["items"])
+                body["items"] = newest_per_task([p for p in body["items"] if ours(p)])
                 current.update(
                     {p["metadata"]["labels"].get(mf.L_TASK, ""): p["metadata"]["name"] for p in body["items"]}
                 )
@@ -366,8 +481,7 @@ class KubernetesBackend(Backend):
                 for ev in self._task_events(body["items"], tasks):
                     yield ev
                 for pod in body["items"]:
-                    ip = (pod.get("status") or {}).get("podIP")
-                    if ip and pod["metadata"]["labels"].get(mf.L_TASK) == "chief-0":
+                    if ip := chief_ip(pod):
                         yield {"type": "_chief_ip", "ip": ip}
                 done = self._outcome(tasks)
                 if done:  # it ended while nobody watched
@@ -394,6 +508,8 @@ class KubernetesBackend(Backend):
                     ):
                         obj = item["raw_object"]
                         rv = obj["metadata"].get("resourceVersion", rv)
+                        if not ours(obj):  # bookmarks, and pods someone else labelled as this job's
+                            continue
                         task_label = obj["metadata"].get("labels", {}).get(mf.L_TASK, "")
                         pod_name = obj["metadata"]["name"]
                         if item["type"] == "ADDED":
@@ -414,8 +530,7 @@ class KubernetesBackend(Backend):
                                 ):
                                     for rev in await self._replace_worker(name, ev["task"], replaced):
                                         yield rev
-                        ip = (obj.get("status") or {}).get("podIP")
-                        if ip and obj["metadata"]["labels"].get(mf.L_TASK) == "chief-0":
+                        if ip := chief_ip(obj):
                             yield {"type": "_chief_ip", "ip": ip}
                         done = self._outcome(tasks)
                         if done:
@@ -474,7 +589,7 @@ class KubernetesBackend(Backend):
 
         with contextlib.suppress(ApiException):
             await core.delete_namespaced_pod(old, self.namespace, grace_period_seconds=0)
-        await self._create(pod)
+        job.pod_uids[await self._create(pod)] = task
         return [
             {"type": "task", "task": task, "state": "restarting", "restarts": n},
             {
@@ -543,6 +658,8 @@ class KubernetesBackend(Backend):
     async def status(self, name: str) -> JobView:
         pods = await self._pods(name)
         job = self._jobs.get(name)
+        if job is not None:
+            pods = [p for p in pods if p["metadata"].get("uid") in job.pod_uids]
         if not pods and job is None:
             raise NoSuchJob(name)
         spec = job.spec if job else None
@@ -574,7 +691,7 @@ class KubernetesBackend(Backend):
         names = sorted({p["metadata"]["labels"][mf.L_JOB] for p in await self._pods()})
         return [(await self.status(n)).summary() for n in names]
 
-    async def logs(self, name: str, task: str | None = None) -> dict[str, str]:
+    async def logs(self, name: str, task: str | None = None, tail: int | None = None) -> dict[str, str]:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         core = await self._core()
@@ -587,7 +704,8 @@ class KubernetesBackend(Backend):
             if task and t != task:
                 continue
             try:
-                out[t] = await core.read_namespaced_pod_log(p["metadata"]["name"], self.namespace)
+                kw = {"tail_lines": tail} if tail is not None else {}
+                out[t] = await core.read_namespaced_pod_log(p["metadata"]["name"], self.namespace, **kw)
             except ApiException as exc:
                 out[t] = f"(no log: {exc.reason})"
         return out
@@ -603,6 +721,8 @@ class KubernetesBackend(Backend):
                 await client.done()
             return data
         finally:
+            if client is not None:
+                await client.close()
             await self.delete_all(name)
             self._jobs.pop(name, None)
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob
@@ -30,6 +31,32 @@ from .base import Backend, Launch
 
 KEEP_FINISHED = 20  # finished job directories kept for `%tfdist logs`
 ISOLATION_ENV = "TFDIST_ISOLATION"  # "netns" (default) or "none"
+
+
+def _read_logs(logdir: str, task: str | None, tail: int | None) -> dict[str, str]:
+    out = {}
+    for fn in sorted(os.listdir(logdir)):
+        if not fn.endswith(".log"):  # NAME.log.1: what rolled over (tasklog.RollingLog)
+            continue
+        t = fn.removesuffix(".log")
+        if task is None or t == task:
+            path = os.path.join(logdir, fn)
+            out[t] = _tail_lines(path, tail) if tail is not None else Path(path).read_text(errors="replace")
+    return out
+
+
+def _tail_lines(path: str, lines: int, chunk: int = 64 * 1024) -> str:
+    """The last `lines` lines of a file, reading only its end (a log may be many MB)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        end = pos = f.tell()
+        data = b""
+        while pos > 0 and data.count(b"\n") <= lines:
+            pos = max(0, pos - chunk)
+            f.seek(pos)
+            data = f.read(end - pos)
+    text = data.decode(errors="replace")
+    return "\n".join(text.splitlines()[-lines:]) + ("\n" if text.endswith("\n") else "")
 
 
 class LocalBackend(Backend):
@@ -284,19 +311,12 @@ class LocalBackend(Backend):
         out.sort(key=lambda s: s.get("created") or 0, reverse=True)
         return out
 
-    async def logs(self, name: str, task: str | None = None) -> dict[str, str]:
+    async def logs(self, name: str, task: str | None = None, tail: int | None = None) -> dict[str, str]:
         logdir = os.path.join(self.jobdir(name), "logs")
         if not os.path.isdir(logdir):
             raise NoSuchJob(name)
-        out = {}
-        for fn in sorted(os.listdir(logdir)):
-            if not fn.endswith(".log"):  # NAME.log.1: what rolled over (tasklog.RollingLog)
-                continue
-            t = fn.removesuffix(".log")
-            if task is None or t == task:
-                with open(os.path.join(logdir, fn), errors="replace") as f:
-                    out[t] = f.read()
-        return out
+        # file reads off the event loop: the Jupyter server's loop serves every tab
+        return await asyncio.to_thread(_read_logs, logdir, task, tail)
 
     async def fetch_result(self, name: str) -> bytes | None:
         d = self.jobdir(name)
