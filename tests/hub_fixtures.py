@@ -132,24 +132,28 @@ class RunningHub:
     # ---- teardown -----------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """SIGTERM (the hub stops its servers and proxy), then SIGKILL whatever of ours is left, by PID."""
-        try:
-            family = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            family = []
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        for p in family:
-            with contextlib.suppress(psutil.Error):
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    p.kill()
+        stop_hub_process(self.proc)
         for s in self.sessions.values():
             s.close()
+
+
+def stop_hub_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the hub stops its servers and proxy), then SIGKILL whatever of it is left, by PID."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                p.kill()
 
 
 def write_config(
@@ -303,19 +307,7 @@ class LocalHubCommand:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        family: list[psutil.Process] = []
-        with contextlib.suppress(psutil.Error):
-            family = psutil.Process(self.proc.pid).children(recursive=True)
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        for p in family:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+        stop_hub_process(self.proc)
 
 
 def start_local_hub_command(tmp: Path, *extra: str, timeout: float = 90) -> LocalHubCommand:
