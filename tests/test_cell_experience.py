@@ -112,17 +112,19 @@ def test_interrupt_is_one_line_same_reason_everywhere_one_chart_and_busy_through
         tf_kernel,
         "%%tfdist run --name cut\nhistory = model.fit(train_ds, epochs=1, steps_per_epoch=100000)\n",
     )
-    view = wait_view(tf_kernel.state_dir, "cut", lambda v: v.step > 0, w)
-    assert view.epoch == 0  # the heartbeat shows steps inside the first epoch, before any epoch ended
-    # jupyter-resource-usage asks on the control channel; its busy/idle must not leave JupyterLab "idle"
-    tf_kernel.kc.control_channel.send(tf_kernel.kc.session.msg("usage_request", {}))
-    w.pump(3)
-    others = [s for s in w.lab_status if s[1] != w.msg_id]
-    assert others, "the control request published no status (test cannot see the problem)"
-    assert w.lab_status[-1] == ("busy", w.msg_id), w.lab_status
-    pids = [p.pid for p in job_processes()]
-    tf_kernel.km.interrupt_kernel()
-    w.wait(60)
+    try:
+        view = wait_view(tf_kernel.state_dir, "cut", lambda v: v.step > 0, w)
+        assert view.epoch == 0  # the heartbeat shows steps inside the first epoch, before any epoch ended
+        # jupyter-resource-usage asks on the control channel; its busy/idle must not leave JupyterLab "idle"
+        tf_kernel.kc.control_channel.send(tf_kernel.kc.session.msg("usage_request", {}))
+        w.pump(3)
+        others = [s for s in w.lab_status if s[1] != w.msg_id]
+        assert others, "the control request published no status (test cannot see the problem)"
+        assert w.lab_status[-1] == ("busy", w.msg_id), w.lab_status
+        pids = [p.pid for p in job_processes()]
+    finally:
+        tf_kernel.km.interrupt_kernel()
+        w.wait(60)
     assert wait_gone(pids, 10) == []
     err = w.error
     assert err and err["ename"] == "KeyboardInterrupt", err

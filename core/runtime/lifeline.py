@@ -28,6 +28,13 @@ def _count(path: Path, key: str = "oom_kill") -> int | None:
     return None
 
 
+def _suffixes(base: Path, rel: str) -> list[Path]:
+    """`base/rel`, then `base/` + ever shorter tails of `rel`: inside a container without a cgroup
+    namespace, /proc/self/cgroup names the host's path while /sys/fs/cgroup is mounted at our own cgroup."""
+    parts = [p for p in rel.split("/") if p]
+    return [base.joinpath(*parts[i:]) for i in range(len(parts) + 1)]
+
+
 def oom_kills(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") -> int | None:
     """OOM kills in this process's memory cgroup and below (v2 memory.events, v1 memory.oom_control)."""
     try:
@@ -36,14 +43,16 @@ def oom_kills(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") -> i
         return None
     for line in text.splitlines():
         hier, controllers, path = [*line.split(":", 2), "", ""][:3]
-        rel = path.lstrip("/")
         if hier == "0" and controllers == "":
-            for base in (Path(root), Path(root) / "unified"):
-                n = _count(base / rel / "memory.events")
-                if n is not None:
-                    return n
+            candidates = [
+                d / "memory.events" for b in (Path(root), Path(root) / "unified") for d in _suffixes(b, path)
+            ]
         elif "memory" in controllers.split(","):
-            n = _count(Path(root) / "memory" / rel / "memory.oom_control")
+            candidates = [d / "memory.oom_control" for d in _suffixes(Path(root) / "memory", path)]
+        else:
+            continue
+        for f in candidates:
+            n = _count(f)
             if n is not None:
                 return n
     return None
