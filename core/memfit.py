@@ -97,26 +97,41 @@ def _read_int(path: Path) -> int | None:
     return int(text) if text.isdigit() else None  # "max" (no limit) is None
 
 
-def cgroup_memory(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") -> tuple[int, int] | None:
-    """(limit, current) of this process's memory cgroup when it has a limit (v2, else v1)."""
+def memory_cgroup_dirs(
+    proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup"
+) -> list[tuple[int, Path]]:
+    """Where this process's memory cgroup may be: (version, directory), most specific first.
+
+    Inside a container without a cgroup namespace, /proc/self/cgroup names the host's path while
+    /sys/fs/cgroup is mounted at the container's own cgroup: ever shorter tails of the path are tried too.
+    """
     try:
         text = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
     except OSError:
-        return None
+        return []
+    out: list[tuple[int, Path]] = []
     for line in text.splitlines():
         hier, controllers, path = [*line.split(":", 2), "", ""][:3]
-        rel = path.lstrip("/")
+        parts = [p for p in path.split("/") if p]
+        tails = [Path(*parts[i:]) if parts[i:] else Path() for i in range(len(parts) + 1)]
         if hier == "0" and controllers == "":
-            for base in (Path(root), Path(root) / "unified"):
-                d = base / rel
-                limit, cur = _read_int(d / "memory.max"), _read_int(d / "memory.current")
-                if limit is not None and cur is not None:
-                    return limit, cur
+            out += [(2, base / t) for base in (Path(root), Path(root) / "unified") for t in tails]
         elif "memory" in controllers.split(","):
-            d = Path(root) / "memory" / rel
+            out += [(1, Path(root) / "memory" / t) for t in tails]
+    return out
+
+
+def cgroup_memory(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") -> tuple[int, int] | None:
+    """(limit, current) of this process's memory cgroup when it has a limit (v2, else v1)."""
+    for version, d in memory_cgroup_dirs(proc_cgroup, root):
+        if version == 2:
+            limit, cur = _read_int(d / "memory.max"), _read_int(d / "memory.current")
+        else:
             limit, cur = _read_int(d / "memory.limit_in_bytes"), _read_int(d / "memory.usage_in_bytes")
-            if limit is not None and cur is not None and limit < 2**62:
-                return limit, cur
+            if limit is not None and limit >= 2**62:  # v1's "no limit"
+                limit = None
+        if limit is not None and cur is not None:
+            return limit, cur
     return None
 
 

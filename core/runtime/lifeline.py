@@ -8,10 +8,11 @@ server's memory use sampled a second earlier against its limit (the hub's watchd
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tfdist.jobview import Reason
-from tfdist.memfit import Budget, GiB
+from tfdist.memfit import Budget, GiB, memory_cgroup_dirs
 
 # Memory use (share of the limit) a second before the kernel vanished that makes "out of memory" likely.
 NEARLY_FULL = 0.85
@@ -28,33 +29,15 @@ def _count(path: Path, key: str = "oom_kill") -> int | None:
     return None
 
 
-def _suffixes(base: Path, rel: str) -> list[Path]:
-    """`base/rel`, then `base/` + ever shorter tails of `rel`: inside a container without a cgroup
-    namespace, /proc/self/cgroup names the host's path while /sys/fs/cgroup is mounted at our own cgroup."""
-    parts = [p for p in rel.split("/") if p]
-    return [base.joinpath(*parts[i:]) for i in range(len(parts) + 1)]
-
-
 def oom_kills(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") -> int | None:
-    """OOM kills in this process's memory cgroup and below (v2 memory.events, v1 memory.oom_control)."""
-    try:
-        text = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        hier, controllers, path = [*line.split(":", 2), "", ""][:3]
-        if hier == "0" and controllers == "":
-            candidates = [
-                d / "memory.events" for b in (Path(root), Path(root) / "unified") for d in _suffixes(b, path)
-            ]
-        elif "memory" in controllers.split(","):
-            candidates = [d / "memory.oom_control" for d in _suffixes(Path(root) / "memory", path)]
-        else:
-            continue
-        for f in candidates:
-            n = _count(f)
-            if n is not None:
-                return n
+    """OOM kills in this process's memory cgroup and below: v2's memory.events counts the subtree, v1's
+    memory.oom_control each cgroup's own (a kernel moved into a child cgroup is counted there)."""
+    for version, d in memory_cgroup_dirs(proc_cgroup, root):
+        n = _count(d / ("memory.events" if version == 2 else "memory.oom_control"))
+        if n is not None and version == 1:
+            return sum(_count(Path(sub) / "memory.oom_control") or 0 for sub, _, _ in os.walk(d))
+        if n is not None:
+            return n
     return None
 
 
