@@ -19,6 +19,7 @@ from jupyter_server.utils import url_path_join
 from ..backends import Backend, get_backend
 from ..errors import NoSuchJob
 from ..settings import Settings, from_environ
+from .activity import setup_activity_handlers
 from .logfilter import readable
 from .sampler import ServerSampler
 
@@ -178,4 +179,5 @@ def setup_route_handlers(serverapp: Any, state: LabState | None = None) -> LabSt
             (url_path_join(base, "gpus"), GpusHandler),
         ],
     )
+    setup_activity_handlers(web_app, base)  # the hub's GPU-idle culler and admin page (activity.py)
     return state

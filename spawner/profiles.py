@@ -20,6 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tfdist.hubadmin.config import GpuAdmin
+
 __all__ = [
     "ANY_GROUP",
     "CustomImage",
@@ -232,6 +234,8 @@ class ProfilesConfig(_Strict):
 
     gpu_models: dict[str, GpuModel] = Field(default_factory=dict)
     profiles: list[Profile] = Field(min_length=1)
+    #: hub admins' GPU section (GPU-idle culling per profile): tfdist.hubadmin.config
+    gpu_admin: GpuAdmin = Field(default_factory=GpuAdmin)
 
     @field_validator("gpu_models")
     @classmethod
@@ -253,6 +257,7 @@ class ProfilesConfig(_Strict):
                     raise ValueError(
                         f"profile {p.slug!r} offers GPU model {m!r}, which gpu_models does not define"
                     )
+        self.gpu_admin.check_references(seen)
         return self
 
     def profile(self, slug: str) -> Profile | None:

@@ -1,0 +1,54 @@
+"""`python -m tfdist.hubadmin`: the managed hub service (JupyterHub starts it with its token and URLs).
+
+A bad ``gpu_admin`` section stops it with file, key and reason; the hub config checks the same file first
+(`load_profiles_or_exit`), so in practice the hub itself refuses to start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from urllib.parse import urlparse
+
+from tfdist.spawner.profiles import load_profiles_or_exit
+
+from .app import make_app
+from .service import GpuAdminState
+
+
+async def _main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="[%(levelname)1.1s %(asctime)s tfdist-gpu-admin] %(message)s"
+    )
+    cfg = load_profiles_or_exit(os.environ["TFDIST_PROFILES"])
+    culling = cfg.gpu_admin.culling
+    state = GpuAdminState(
+        api_url=os.environ["JUPYTERHUB_API_URL"],
+        api_token=os.environ["JUPYTERHUB_API_TOKEN"],
+        public_url=os.environ.get("TFDIST_HUB_PUBLIC_URL", "http://127.0.0.1:8000"),
+        culling=culling,
+        profile_models={k: m.display_name for k, m in cfg.gpu_models.items()},
+    )
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tfdist-gpu-admin/")
+    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+    make_app(state, prefix).listen(url.port or 80, url.hostname or "127.0.0.1")
+    period = float(
+        os.environ.get("TFDIST_GPU_ADMIN_PERIOD") or (culling.check_interval_s if culling else 30.0)
+    )
+    logging.getLogger("tfdist.hubadmin").info(
+        "GPU admin service on %s%s; culling %s; round every %gs",
+        url.geturl(),
+        prefix,
+        "on" if culling else "off (no gpu_admin.culling in the profiles)",
+        period,
+    )
+    await state.run_forever(period)
+
+
+def main() -> None:
+    asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    main()

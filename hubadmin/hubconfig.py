@@ -1,0 +1,41 @@
+"""Turn the GPU admin service on in a JupyterHub config (embedded hub and Kubernetes hub alike).
+
+Why a function: the service needs a role with exactly the scopes it uses, its URL, and the profiles file;
+written out in two hub configs it would drift. ``enable_gpu_admin(c, profiles=..., public_url=...)``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["SERVICE_NAME", "SERVICE_SCOPES", "enable_gpu_admin"]
+
+SERVICE_NAME = "tfdist-gpu-admin"
+#: list and read servers (profile, readiness), reach them (activity, notices), stop them (culling),
+#: and read whether a page visitor is an admin
+SERVICE_SCOPES = ["list:users", "read:users", "read:servers", "access:servers", "servers"]
+
+
+def enable_gpu_admin(
+    c: Any, *, profiles: str, public_url: str, port: int, ip: str = "127.0.0.1", period_s: float | None = None
+) -> None:
+    """Add the managed service and its role. `public_url`: how the service reaches servers (the proxy)."""
+    env = {"TFDIST_PROFILES": profiles, "TFDIST_HUB_PUBLIC_URL": public_url}
+    if period_s is not None:
+        env["TFDIST_GPU_ADMIN_PERIOD"] = str(period_s)
+    services = list(c.JupyterHub.services or []) if "services" in c.JupyterHub else []
+    services.append(
+        {
+            "name": SERVICE_NAME,
+            "url": f"http://{ip}:{port}",
+            "command": [sys.executable, "-m", "tfdist.hubadmin"],
+            "environment": env,
+            "display": True,
+            "oauth_no_confirm": True,
+        }
+    )
+    c.JupyterHub.services = services
+    roles = list(c.JupyterHub.load_roles or []) if "load_roles" in c.JupyterHub else []
+    roles.append({"name": SERVICE_NAME, "scopes": list(SERVICE_SCOPES), "services": [SERVICE_NAME]})
+    c.JupyterHub.load_roles = roles

@@ -1,0 +1,211 @@
+"""GPU activity of this server for the hub's GPU-idle culler and admin page, and the culler's notice.
+
+Why apart from `sampler.py`: that sampler runs only while a tab polls (an idle server costs nothing), but
+the culler must see a server's GPUs whether or not a tab is open, and the admin page shows an hour. This
+tracker samples the server's GPUs every `TFDIST_GPU_ACTIVITY_INTERVAL` seconds (default 10) from the first
+hub request on, keeps up to `RETENTION_S`, and answers "idle for how long below X %" server-side, so the
+hub fetches one number per check instead of the history. A server without GPUs samples nothing.
+
+Routes (under ``{base_url}/tfdist/api/``, authenticated like every route; the hub service reaches them with
+its token and the ``access:servers`` scope):
+
+* ``GET activity?busy_percent=P&history=S`` -> GPUs, ``idle_s`` (time since any GPU was at or above P %,
+  counted from when tracking began), the last S seconds of samples, and the running ``%%tfdist`` jobs.
+* ``GET notice`` / ``POST notice`` ``{"message", "cull_at"}`` / ``DELETE notice``: the warning the lab shows.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import time
+from typing import Any
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado.ioloop import PeriodicCallback
+
+from ..gpus import GpuInfo, visible_gpus
+from ..jobview import TERMINAL
+from ..sampler import GpuReader
+
+__all__ = ["GpuActivity", "Notice", "setup_activity_handlers"]
+
+RETENTION_S = 6 * 3600  # longest idle time an admin may set is checked against this (hubadmin.config)
+ENV_INTERVAL = "TFDIST_GPU_ACTIVITY_INTERVAL"
+
+
+def _interval() -> float:
+    try:
+        v = float(os.environ.get(ENV_INTERVAL, "10"))
+    except ValueError:
+        return 10.0
+    return v if 0.05 <= v <= 3600 else 10.0
+
+
+class GpuActivity:
+    """`(t, [util %], [mem used MiB])` per tick for this server's GPUs; starts on first use."""
+
+    def __init__(self, interval_s: float | None = None, reader: GpuReader | None = None) -> None:
+        self.interval_s = interval_s if interval_s is not None else _interval()
+        self.samples: collections.deque[tuple[float, list[float | None], list[float | None]]] = (
+            collections.deque(maxlen=max(10, int(RETENTION_S / self.interval_s)))
+        )
+        self._reader = reader
+        self._gpus: list[GpuInfo] | None = None
+        self._pc: PeriodicCallback | None = None
+        self.since: float | None = None  # when tracking began: idle time cannot be known before it
+        self._last_busy: dict[float, float] = {}  # threshold -> time of the last sample at/above it
+
+    def gpus(self) -> list[GpuInfo]:
+        if self._gpus is None:
+            try:
+                self._gpus = visible_gpus()
+            except Exception:  # no driver, odd CUDA_VISIBLE_DEVICES: this server has no GPU
+                self._gpus = []
+        return self._gpus
+
+    def ensure_running(self) -> None:
+        if self._pc is not None or not self.gpus():
+            return
+        if self._reader is None:
+            self._reader = GpuReader()
+        self.since = time.time()
+        self.sample()
+        self._pc = PeriodicCallback(self.sample, self.interval_s * 1000)
+        self._pc.start()
+
+    def sample(self) -> None:
+        assert self._reader is not None
+        reads = [self._reader.read(g.index) for g in self.gpus()]
+        self.samples.append(
+            (time.time(), [r.get("util (%)") for r in reads], [r.get("mem_used (MiB)") for r in reads])
+        )
+
+    def idle_s(self, busy_percent: float, now: float | None = None) -> float | None:
+        """Seconds since any GPU was at or above `busy_percent` (None: not tracking, no GPU)."""
+        if self.since is None:
+            return None
+        now = time.time() if now is None else now
+        last = self.since
+        for t, utils, _ in reversed(self.samples):
+            if any(u is not None and u >= busy_percent for u in utils):
+                last = max(last, t)
+                break
+        return max(0.0, now - last)
+
+    def report(self, busy_percent: float | None, history_s: float) -> dict[str, Any]:
+        self.ensure_running()
+        now = time.time()
+        cut = now - history_s
+        return {
+            "now": now,
+            "since": self.since,
+            "interval_s": self.interval_s,
+            "gpus": [
+                {"index": g.index, "name": g.name, "uuid": g.uuid, "memory_total_mib": g.memory_total_mib}
+                for g in self.gpus()
+            ],
+            "idle_s": self.idle_s(busy_percent, now) if busy_percent is not None else None,
+            "samples": [[t, u, m] for t, u, m in self.samples if t >= cut] if history_s > 0 else [],
+        }
+
+    def stop(self) -> None:
+        if self._pc is not None:
+            self._pc.stop()
+            self._pc = None
+
+
+class Notice:
+    """The hub's latest warning to this server's user (one at a time; DELETE clears it)."""
+
+    def __init__(self) -> None:
+        self.value: dict[str, Any] | None = None
+
+
+def _number(raw: str | None, name: str, default: float | None, low: float, high: float) -> float | None:
+    if raw is None or raw == "":
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise tornado.web.HTTPError(400, f"{name} must be a number") from None
+    if not (low <= v <= high):
+        raise tornado.web.HTTPError(400, f"{name} must be between {low:g} and {high:g}")
+    return v
+
+
+class _Base(APIHandler):
+    @property
+    def activity(self) -> GpuActivity:
+        return self.settings["tfdist_activity"]
+
+    @property
+    def notice(self) -> Notice:
+        return self.settings["tfdist_notice"]
+
+    def write_json(self, data: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data, default=str))
+
+
+class ActivityHandler(_Base):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        busy = _number(self.get_argument("busy_percent", None), "busy_percent", None, 0, 100)
+        history = _number(self.get_argument("history", None), "history", 0.0, 0, RETENTION_S)
+        out = self.activity.report(busy, history or 0.0)
+        running = []
+        try:
+            jobs = await self.settings["tfdist"].list_jobs()
+        except Exception as e:  # a broken backend must not make the server look idle-and-jobless silently
+            self.log.warning("tfdist activity: cannot list jobs: %s", e)
+            out["jobs_error"] = str(e)
+            jobs = []
+        me = self.settings["tfdist"].settings.user
+        for j in jobs:
+            if j.get("state") not in TERMINAL and (j.get("user") or "") == me:
+                running.append(
+                    {"name": j.get("name"), "state": j.get("state"), "gpu_util": j.get("gpu_util") or []}
+                )
+        out["jobs_running"] = running
+        out["notice"] = self.notice.value
+        self.write_json(out)
+
+
+class NoticeHandler(_Base):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        self.write_json({"notice": self.notice.value})
+
+    @tornado.web.authenticated
+    def post(self) -> None:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            raise tornado.web.HTTPError(400, "body must be JSON") from None
+        msg = body.get("message") if isinstance(body, dict) else None
+        cull_at = body.get("cull_at") if isinstance(body, dict) else None
+        if not isinstance(msg, str) or not msg.strip() or len(msg) > 1000:
+            raise tornado.web.HTTPError(400, "message must be a non-empty string of at most 1000 characters")
+        if cull_at is not None and (isinstance(cull_at, bool) or not isinstance(cull_at, (int, float))):
+            raise tornado.web.HTTPError(400, "cull_at must be a UNIX time")
+        self.notice.value = {"message": msg, "cull_at": cull_at, "posted": time.time()}
+        self.log.info("tfdist: hub notice for this server: %s", msg)
+        self.write_json({"notice": self.notice.value})
+
+    @tornado.web.authenticated
+    def delete(self) -> None:
+        self.notice.value = None
+        self.write_json({"notice": None})
+
+
+def setup_activity_handlers(web_app: Any, base: str) -> None:
+    web_app.settings["tfdist_activity"] = GpuActivity()
+    web_app.settings["tfdist_notice"] = Notice()
+    web_app.add_handlers(
+        ".*$",
+        [(url_path_join(base, "activity"), ActivityHandler), (url_path_join(base, "notice"), NoticeHandler)],
+    )
