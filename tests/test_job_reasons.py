@@ -75,9 +75,12 @@ def test_oom_kills_are_read_from_the_memory_cgroup(tmp_path):
     v1.mkdir(parents=True)
     (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n")
     assert lifeline.oom_kills("4:memory:/srv\n1:cpu:/\n", root=str(tmp_path / "v1")) == 7
+    (v1 / "kernel").mkdir()  # v1 counts each cgroup's own kills: the kernel's child cgroup is added
+    (v1 / "kernel" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert lifeline.oom_kills("4:memory:/srv\n1:cpu:/\n", root=str(tmp_path / "v1")) == 9
     assert lifeline.oom_kills("0::/missing\n", root=str(tmp_path / "v2")) is None
     # a container without a cgroup namespace: the host's path, our own cgroup mounted as the root
-    assert lifeline.oom_kills("4:memory:/host/container/srv\n", root=str(tmp_path / "v1")) == 7
+    assert lifeline.oom_kills("4:memory:/host/container/srv\n", root=str(tmp_path / "v1")) == 9
     assert lifeline.oom_kills("garbage", root=str(tmp_path)) is None
 
 
