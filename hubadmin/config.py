@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["MAX_IDLE_MINUTES", "CullingConfig", "CullingRule", "GpuAdmin"]
 
@@ -80,8 +80,9 @@ class CullingConfig(_Strict):
         for slug in self.profiles:
             try:
                 self.rule(slug)
-            except ValueError as e:
-                raise ValueError(f"profiles.{slug}: {e}") from None
+            except ValidationError as e:  # the merged rule breaks a rule-wide check (warn vs idle time)
+                why = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())
+                raise ValueError(f"profiles.{slug}: {why}") from None
         return self
 
     def rule(self, profile: str | None) -> CullingRule:

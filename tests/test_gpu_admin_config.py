@@ -1,0 +1,188 @@
+"""The profiles file's gpu_admin section (GPU-idle culling) and the culler's decision, without a hub.
+
+Bad admin config must stop the hub with file, key and reason; `tfdist-local-hub` is started for real once
+to prove it does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tfdist.hubadmin.config import CullingRule
+from tfdist.hubadmin.culler import decide
+from tfdist.spawner.profiles import ProfilesFileError, load_profiles
+
+BASE = """
+gpu_models:
+  h100: {display_name: "H100", nvml_name: "NVIDIA H100.*"}
+profiles:
+  - slug: cpu
+    display_name: CPU
+    groups: ["*"]
+    cpu: {min: 1, max: 2, default: 1}
+    memory_gib: {min: 1, max: 4, default: 1}
+    images: [local]
+  - slug: gpu
+    display_name: GPU
+    groups: ["*"]
+    cpu: {min: 1, max: 2, default: 1}
+    memory_gib: {min: 1, max: 4, default: 1}
+    gpus: {min: 0, max: 2, default: 1}
+    gpu_models: [h100]
+    images: [local]
+"""
+
+
+def load(tmp_path: Path, section: str):
+    p = tmp_path / "profiles.yaml"
+    p.write_text(BASE + textwrap.dedent(section))
+    return p, load_profiles(p)
+
+
+def test_a_good_section_gives_per_profile_rules(tmp_path: Path) -> None:
+    _, cfg = load(
+        tmp_path,
+        """
+        gpu_admin:
+          culling:
+            check_interval_s: 30
+            default: {idle_below_percent: 5, idle_minutes: 60, warn_minutes: 10}
+            profiles:
+              gpu: {idle_minutes: 20, cull_during_jobs: true}
+        """,
+    )
+    c = cfg.gpu_admin.culling
+    assert c is not None and c.check_interval_s == 30
+    assert c.rule("gpu") == CullingRule(
+        idle_below_percent=5, idle_minutes=20, warn_minutes=10, cull_during_jobs=True
+    )
+    assert c.rule("cpu") == c.default and c.rule(None) == c.default
+
+
+def test_no_section_means_no_culling(tmp_path: Path) -> None:
+    assert load(tmp_path, "")[1].gpu_admin.culling is None
+
+
+BAD = [
+    (
+        "negative-idle",
+        "default: {idle_minutes: -5}",
+        "gpu_admin.culling.default.idle_minutes",
+        "greater than 0",
+    ),
+    (
+        "negative-warn",
+        "default: {warn_minutes: -1}",
+        "gpu_admin.culling.default.warn_minutes",
+        "greater than or equal to 0",
+    ),
+    (
+        "percent-over-100",
+        "default: {idle_below_percent: 150}",
+        "gpu_admin.culling.default.idle_below_percent",
+        "less than or equal to 100",
+    ),
+    (
+        "percent-zero",
+        "default: {idle_below_percent: 0}",
+        "gpu_admin.culling.default.idle_below_percent",
+        "greater than 0",
+    ),
+    (
+        "warn-not-below-idle",
+        "default: {idle_minutes: 10, warn_minutes: 10}",
+        "gpu_admin.culling.default",
+        "warn_minutes (10) must be below idle_minutes (10)",
+    ),
+    (
+        "beyond-tracked-history",
+        "default: {idle_minutes: 1000}",
+        "gpu_admin.culling.default.idle_minutes",
+        "less than or equal to 360",
+    ),
+    ("nan", "default: {idle_minutes: .nan}", "gpu_admin.culling.default.idle_minutes", ""),
+    ("unknown-key", "default: {idle_minute: 10}", "gpu_admin.culling.default.idle_minute", "unknown key"),
+    (
+        "unknown-profile",
+        "profiles: {gpux: {idle_minutes: 50}}",
+        "(top level)",
+        "'gpux', which is not a profile",
+    ),
+    (
+        "override-breaks-rule",
+        "profiles: {gpu: {warn_minutes: 90}}",
+        "gpu_admin.culling",
+        "profiles.gpu: warn_minutes (90) must be below idle_minutes (60)",
+    ),
+    ("negative-interval", "check_interval_s: -1", "gpu_admin.culling.check_interval_s", "greater than 0"),
+    (
+        "threshold-as-text",
+        "default: {idle_minutes: soon}",
+        "gpu_admin.culling.default.idle_minutes",
+        "valid number",
+    ),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "reason"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_admin_config_names_file_key_and_reason(
+    tmp_path: Path, section: str, key: str, reason: str
+) -> None:
+    with pytest.raises(ProfilesFileError) as e:
+        load(tmp_path, "gpu_admin:\n  culling:\n    " + section + "\n")
+    text = str(e.value)
+    assert f"{tmp_path / 'profiles.yaml'}: {key}" in text, text
+    assert reason in text, text
+
+
+def test_local_hub_refuses_to_start_with_a_negative_threshold(tmp_path: Path) -> None:
+    p = tmp_path / "profiles.yaml"
+    p.write_text(BASE + "gpu_admin:\n  culling:\n    default: {idle_minutes: -1}\n")
+    exe = Path(sys.executable).parent / "tfdist-local-hub"
+    r = subprocess.run(
+        [str(exe), "--profiles", str(p), "--state-dir", str(tmp_path / "s"), "--password", "long-enough-pw"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0
+    assert f"{p}: gpu_admin.culling.default.idle_minutes: Input should be greater than 0" in r.stderr, (
+        r.stderr
+    )
+
+
+RULE = CullingRule(idle_below_percent=10, idle_minutes=30, warn_minutes=5)
+GPU1 = [{"index": 0, "name": "H100", "uuid": "GPU-1"}]
+
+
+def rep(idle: float | None, jobs: int = 0, gpus=GPU1) -> dict:
+    return {"gpus": gpus, "idle_s": idle, "jobs_running": [{"name": "j"}] * jobs}
+
+
+def test_decisions() -> None:
+    now = 1000.0
+    assert decide(RULE, rep(None, gpus=[]), None, now).action == "cpu-only"
+    assert decide(None, rep(5000), None, now).action == "disabled"
+    assert decide(RULE.model_copy(update={"enabled": False}), rep(5000), None, now).action == "disabled"
+    assert decide(RULE, rep(None), None, now).action == "unknown"
+    assert decide(RULE, rep(24 * 60), None, now).action == "active"  # 24 min < 30 - 5
+    w = decide(RULE, rep(25 * 60), None, now)
+    assert (w.action, w.cull_at) == ("warn", now + 5 * 60)
+    # first seen long idle: still the whole warning time
+    w = decide(RULE, rep(300 * 60), None, now)
+    assert (w.action, w.cull_at) == ("warn", now + 5 * 60)
+    assert decide(RULE, rep(29 * 60), now + 60, now).action == "warned"
+    assert decide(RULE, rep(30 * 60), now, now).action == "cull"
+    # warned, then the GPU was used: active again (the service withdraws the notice)
+    assert decide(RULE, rep(10), now, now + 1).action == "active"
+    # a running job protects the server unless the admin allows it
+    assert decide(RULE, rep(300 * 60, jobs=1), now - 1, now).action == "job-running"
+    allow = RULE.model_copy(update={"cull_during_jobs": True})
+    assert decide(allow, rep(300 * 60, jobs=1), now - 1, now).action == "cull"
+    # no warning time: stop at once
+    assert decide(CullingRule(idle_minutes=1, warn_minutes=0), rep(60), None, now).action == "cull"
