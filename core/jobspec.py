@@ -13,6 +13,9 @@ from .errors import JobSpecError
 
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1035 label, short enough for pod names
 BACKENDS = ("local", "kubernetes")
+# ps: ParameterServerStrategy (a coordinator, workers, PS); allreduce: MultiWorkerMirroredStrategy (workers
+# only, the first of them, chief-0, also returns the results)
+STRATEGIES = ("ps", "allreduce")
 MAX_TASKS = 256
 _MEM_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGT]i?)?$")
 _MEM_UNITS = {
@@ -40,6 +43,8 @@ class JobSpec:
     backend: str = "local"
     timeout_s: float = 600.0  # how long start-up (scheduling, servers listening) may take
     base_port: int | None = None  # local backend: fixed ports from here on instead of free ones
+    strategy: str = "ps"
+    checkpoint_every: int | None = None  # PS jobs: steps between checkpoints (a lost PS resumes from one)
     # Kubernetes backend fields (ignored locally)
     namespace: str | None = None
     image: str | None = None
@@ -47,6 +52,8 @@ class JobSpec:
 
     @property
     def task_count(self) -> int:
+        if self.strategy == "allreduce":
+            return self.workers  # chief-0 is one of the workers
         return self.workers + self.ps + 1  # + the coordinator (chief)
 
     def to_json(self) -> str:
@@ -79,7 +86,20 @@ def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
         )
     if spec.workers < 1:
         raise JobSpecError(f"--workers must be at least 1 (got {spec.workers})")
-    if spec.ps < 1:
+    if spec.strategy not in STRATEGIES:
+        raise JobSpecError(
+            f"--strategy {spec.strategy!r} is unknown: choose ps (parameter servers) or allreduce "
+            "(MultiWorkerMirroredStrategy, workers only)"
+        )
+    if spec.strategy == "allreduce":
+        if spec.ps:
+            raise JobSpecError(
+                f"--ps {spec.ps} does not go with --strategy allreduce: all-reduce has no parameter "
+                "servers (the workers average gradients among themselves); drop --ps"
+            )
+        if spec.checkpoint_every is not None:
+            raise JobSpecError("--checkpoint-every is for --strategy ps jobs (a lost PS resumes from it)")
+    elif spec.ps < 1:
         raise JobSpecError(f"--ps must be at least 1 (got {spec.ps}): parameter-server training needs one")
     if spec.workers + spec.ps > MAX_TASKS:
         raise JobSpecError(f"{spec.workers + spec.ps} tasks is more than the limit of {MAX_TASKS}")
@@ -89,6 +109,14 @@ def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
         raise JobSpecError(f"--backend {spec.backend!r} is unknown: choose one of {', '.join(BACKENDS)}")
     if spec.cpu is not None and not (0 < spec.cpu <= 512):
         raise JobSpecError(f"--cpu must be a number of cores above 0 (got {spec.cpu})")
+    if spec.checkpoint_every is not None and (
+        isinstance(spec.checkpoint_every, bool)
+        or not isinstance(spec.checkpoint_every, int)
+        or spec.checkpoint_every < 1
+    ):
+        raise JobSpecError(
+            f"--checkpoint-every must be a positive number of steps (got {spec.checkpoint_every!r})"
+        )
     if spec.timeout_s <= 0:
         raise JobSpecError(f"--timeout must be positive seconds (got {spec.timeout_s})")
     if spec.base_port is not None and not (1024 <= spec.base_port <= 65535 - spec.task_count):
@@ -102,6 +130,19 @@ def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
                 f"but this server has {have}" + ("" if have else " (no GPU was given to it)")
             )
     return spec
+
+
+def default_ps(strategy: str, ps: int | None) -> int:
+    """`--ps` as given, else what the strategy needs: one PS, or none for all-reduce (where a given
+    `--ps` is refused by validate, not silently dropped)."""
+    if strategy == "allreduce" and ps is not None:
+        raise JobSpecError(
+            f"--ps {ps} does not go with --strategy allreduce: all-reduce has no parameter servers "
+            "(the workers average gradients among themselves); drop --ps"
+        )
+    if ps is not None:
+        return ps
+    return 0 if strategy == "allreduce" else 1
 
 
 def split_gpus(gpu_ids: list[str], workers: int, per_worker: int) -> list[list[str]]:

@@ -35,11 +35,14 @@ def thread_env(cpu: float | None, cores: int) -> dict[str, str]:
     }
 
 
-def tf_env(*, tf_config: str, task: str, cpu: float | None, cores: int | None) -> dict[str, str]:
+def tf_env(
+    *, tf_config: str, task: str, cpu: float | None, cores: int | None, strategy: str = "ps"
+) -> dict[str, str]:
     """Everything a task needs from its environment; `cores` None: decided where it runs (a pod)."""
     env = {
         "TF_CONFIG": tf_config,
         "TFDIST_TASK": task,
+        "TFDIST_STRATEGY": strategy,  # which tf.distribute strategy the cell runs under
         "GRPC_FAIL_FAST": "use_caller",  # a lost worker fails its closure instead of hanging the fit
         "TF_USE_LEGACY_KERAS": "1",  # Keras 3 has no parameter-server training
         "PYTHONUNBUFFERED": "1",

@@ -7,8 +7,13 @@ import json
 ROLES = ("chief", "worker", "ps")  # "chief" is the coordinator (TF's name for it, kept for legacy reasons)
 
 
-def task_names(workers: int, ps: int) -> list[str]:
-    """Stable task ids used in logs, metrics and pod names: chief-0, worker-0.., ps-0.."""
+def task_names(workers: int, ps: int, strategy: str = "ps") -> list[str]:
+    """Stable task ids used in logs, metrics and pod names: chief-0, worker-0.., ps-0..
+
+    All-reduce: `workers` replicas, the first of them chief-0 (it runs the cell like every worker and is
+    the one that returns results), then worker-0..worker-(workers-2); no PS."""
+    if strategy == "allreduce":
+        return ["chief-0"] + [f"worker-{i}" for i in range(workers - 1)]
     return ["chief-0"] + [f"worker-{i}" for i in range(workers)] + [f"ps-{i}" for i in range(ps)]
 
 
@@ -17,8 +22,16 @@ def split_task(task: str) -> tuple[str, int]:
     return role, int(idx)
 
 
-def cluster(addresses: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The cluster dict TF expects, checked: a coordinator, at least one worker and one PS."""
+def cluster(addresses: dict[str, list[str]], strategy: str = "ps") -> dict[str, list[str]]:
+    """The cluster dict TF expects, checked: a coordinator, at least one worker and one PS (all-reduce:
+    one chief, any number of further workers, no PS)."""
+    if strategy == "allreduce":
+        if len(addresses.get("chief") or []) != 1 or addresses.get("ps"):
+            raise ValueError("an all-reduce cluster needs exactly one chief and no PS")
+        out = {"chief": list(addresses["chief"])}
+        if addresses.get("worker"):
+            out["worker"] = list(addresses["worker"])
+        return out
     for role in ROLES:
         if not addresses.get(role):
             raise ValueError(f"a parameter-server cluster needs at least one {role!r} address")
@@ -30,9 +43,11 @@ def cluster(addresses: dict[str, list[str]]) -> dict[str, list[str]]:
     return {role: list(addresses[role]) for role in ROLES}
 
 
-def local_addresses(workers: int, ps: int, ports: list[int], host: str = "127.0.0.1") -> dict[str, list[str]]:
+def local_addresses(
+    workers: int, ps: int, ports: list[int], host: str = "127.0.0.1", strategy: str = "ps"
+) -> dict[str, list[str]]:
     """Addresses on one host, ports in task_names() order."""
-    names = task_names(workers, ps)
+    names = task_names(workers, ps, strategy)
     if len(ports) != len(names):
         raise ValueError(f"{len(names)} ports needed, got {len(ports)}")
     out: dict[str, list[str]] = {r: [] for r in ROLES}

@@ -28,7 +28,20 @@ class _Parser(argparse.ArgumentParser):
 def run_parser(settings: Settings) -> argparse.ArgumentParser:
     p = _Parser(prog="%%tfdist run", description="Run this cell as a distributed parameter-server job.")
     p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
-    p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
+    p.add_argument(
+        "--ps", type=int, default=None, help="parameter-server tasks (default 1; none with allreduce)"
+    )
+    p.add_argument(
+        "--strategy",
+        default="ps",
+        help="ps (ParameterServerStrategy, default) or allreduce (MultiWorkerMirroredStrategy, workers only)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=_positive_count("--checkpoint-every"),
+        default=None,
+        help="PS jobs: checkpoint every N steps; a lost PS is restarted, the fit resumes from the last one",
+    )
     p.add_argument(
         "--gpus-per-worker",
         type=int,
@@ -71,6 +84,21 @@ def _seconds(flag: str):
             raise argparse.ArgumentTypeError(f"{flag} takes seconds, e.g. 600; got {text!r}") from None
         if not value > 0 or value == float("inf"):
             raise argparse.ArgumentTypeError(f"{flag} must be a positive number of seconds; got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive_count(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} takes a positive count of steps, e.g. 100; got {text!r}"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive count of steps; got {text!r}")
         return value
 
     return parse

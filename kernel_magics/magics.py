@@ -23,7 +23,7 @@ from ..backends import get_backend
 from ..backends.base import Backend, Launch
 from ..errors import JobFailed, NoSuchJob, TfdistError
 from ..gpus import visible_gpus
-from ..jobspec import JobSpec, parse_memory, validate
+from ..jobspec import JobSpec, default_ps, parse_memory, validate
 from ..jobview import JobView, Reason
 from ..settings import Settings, from_environ
 from . import args as margs
@@ -34,6 +34,7 @@ from .stall import StallWatch
 USAGE = """\
 %%tfdist run [--workers N] [--ps N] [--gpus-per-worker N] [--cpu C] [--memory M] [--backend B]
              [--name NAME] [--timeout S] [--stall-timeout S] [--base-port P]
+             [--strategy ps|allreduce] [--checkpoint-every N]
                                   run the cell as a distributed job (a cell magic: %%)
     --timeout S        start-up only: every task up within S s, else the job fails (default 600)
     --stall-timeout S  no training progress for S s: the cell says the job looks stuck (default 600)
@@ -142,7 +143,9 @@ class TfdistMagics(Magics):
             name=name,
             user=self.settings.user,
             workers=opts.workers,
-            ps=opts.ps,
+            ps=default_ps(opts.strategy, opts.ps),
+            strategy=opts.strategy,
+            checkpoint_every=opts.checkpoint_every,
             gpus_per_worker=opts.gpus_per_worker,
             cpu=opts.cpu,
             memory_bytes=parse_memory(opts.memory) if opts.memory is not None else None,
@@ -164,7 +167,8 @@ class TfdistMagics(Magics):
         budget = memfit.server_budget(os.getppid())
         if budget is None:
             return
-        why = memfit.refusal(spec.workers, spec.ps, budget, memfit.load_footprint(self.settings.state_dir))
+        workers = spec.workers - 1 if spec.strategy == "allreduce" else spec.workers  # chief-0 is one
+        why = memfit.refusal(workers, spec.ps, budget, memfit.load_footprint(self.settings.state_dir))
         if why:
             raise TfdistError(why)
 

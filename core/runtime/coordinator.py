@@ -161,10 +161,10 @@ def run(jobdir: str) -> int:
         code = compile(padded, CELL_FILENAME, "exec")
         events.send({"type": "progress", "phase": "connecting"})
         import cloudpickle
-        import tensorflow as tf
 
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        strategy = tf.distribute.ParameterServerStrategy(resolver)
+        from tfdist.runtime import strategy as strategies
+
+        strategy = strategies.make()
         custom = cloudpickle.loads(bundle.custom_objects) if bundle.custom_objects else {}
         namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         namespace.update(custom)
@@ -180,6 +180,8 @@ def run(jobdir: str) -> int:
         events.send({"type": "progress", "phase": "running"})
         with strategy.scope():
             exec(code, namespace)
+        if not strategies.speaks_for_job():  # an all-reduce worker: chief-0 returns the results
+            return 0
         binds = payload.cell_names(padded).binds
         events.send({"type": "progress", "phase": "returning"})
         blob = payload.pack_results(namespace, binds, models)
@@ -190,7 +192,9 @@ def run(jobdir: str) -> int:
         return 0
     except BaseException as exc:  # the cell's own errors included: report, then exit non-zero
         err = {"type": type(exc).__name__, "message": str(exc), "traceback": cell_traceback(exc)}
-        with open(os.path.join(jobdir, "error.json"), "w") as f:
+        task = os.environ.get("TFDIST_TASK", "chief-0")
+        name = "error.json" if task == "chief-0" else f"error-{task}.json"  # all-reduce workers: their own
+        with open(os.path.join(jobdir, name), "w") as f:
             json.dump(err, f)
         sys.stderr.write(err["traceback"])
         return 1

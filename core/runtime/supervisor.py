@@ -27,7 +27,7 @@ from tfdist import memfit, taskenv, tf_config
 from tfdist.jobspec import JobSpec, split_gpus
 from tfdist.jobview import JobView, Reason, final_task_state, reason_for
 from tfdist.procid import ProcessId
-from tfdist.runtime import events, history, lifeline
+from tfdist.runtime import allreduce, events, history, lifeline
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.runtime.unixsock import short_path
 from tfdist.sampler import TaskProcess, TaskSampler
@@ -279,17 +279,26 @@ class Supervisor:
         return env
 
     def build_tasks(self) -> None:
-        names = tf_config.task_names(self.spec.workers, self.spec.ps)
+        strategy = self.spec.strategy
+        names = tf_config.task_names(self.spec.workers, self.spec.ps, strategy)
         ports = allocate_ports(len(names), self.spec.base_port)
-        cluster = tf_config.cluster(tf_config.local_addresses(self.spec.workers, self.spec.ps, ports))
+        addresses = tf_config.local_addresses(self.spec.workers, self.spec.ps, ports, strategy=strategy)
+        cluster = tf_config.cluster(addresses, strategy)
         gpu_ids: list[str] = self.launch.get("gpus", [])
         per_worker = split_gpus(gpu_ids, self.spec.workers, self.spec.gpus_per_worker)
         cores = taskenv.usable_cores()  # the server's share of the machine (the local hub pins it)
         for name, port in zip(names, ports, strict=True):
             role, idx = tf_config.split_task(name)
-            gpus = per_worker[idx] if role == "worker" else []
+            if strategy == "allreduce":  # every task is a replica, chief-0 included
+                gpus = per_worker[allreduce.replica_index(name)]
+            else:
+                gpus = per_worker[idx] if role == "worker" else []
             env = self._base_env() | taskenv.tf_env(
-                tf_config=tf_config.tf_config(cluster, name), task=name, cpu=self.spec.cpu, cores=cores
+                tf_config=tf_config.tf_config(cluster, name),
+                task=name,
+                cpu=self.spec.cpu,
+                cores=cores,
+                strategy=strategy,
             )
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
             self.tasks[name] = Task(name=name, port=port, env=env, gpus=gpus)
@@ -374,6 +383,9 @@ class Supervisor:
                     continue
                 code = task.proc.returncode
                 self.sampler.forget(task.name)
+                if self.spec.strategy == "allreduce":
+                    self._allreduce_worker_ended(task, code)
+                    continue
                 if task.name.startswith("worker") and task.restarts < MAX_WORKER_RESTARTS:
                     task.restarts += 1
                     self.pending_logs.append(
@@ -405,6 +417,18 @@ class Supervisor:
                         self.pending_logs.append((task.name, "tfdist: " + why))
                         self.failure = {"type": "ParameterServerLost", "message": why, "traceback": ""}
                         self.request_stop(why)
+
+    def _allreduce_worker_ended(self, task: Task, code: int) -> None:
+        """All-reduce workers run the cell to its end: 0 is done; anything else stalls every collective
+        (MWMS cannot take one worker back mid-step), so the job ends with that worker named."""
+        task.proc = None
+        if code == 0:
+            self.emit({"type": "task", "task": task.name, "state": "exited-ok", "exit_code": 0})
+            return
+        self.emit({"type": "task", "task": task.name, "state": "failed", "exit_code": code})
+        self.failure = allreduce.worker_failure(self.jobdir, task.name, _ended(task, code))
+        self.pending_logs.append((task.name, "tfdist: " + self.failure["message"]))
+        self.request_stop(self.failure["message"])
 
     async def _coordinator_events(self, fd: int) -> None:
         loop = asyncio.get_running_loop()
@@ -485,8 +509,10 @@ class Supervisor:
         stop_wait = asyncio.ensure_future(self.stopping.wait())
         deadline = time.time() + self.spec.timeout_s
         servers = [t for n, t in self.tasks.items() if n != "chief-0"]
+        # all-reduce: every worker runs the cell (the coordinator program), not a bare server
+        module = "tfdist.runtime.coordinator" if self.spec.strategy == "allreduce" else "tfdist.runtime.task"
         for t in servers:
-            await self._spawn(t, "tfdist.runtime.task")
+            await self._spawn(t, module)
         # The coordinator starts at once, not after the servers: importing TensorFlow takes seconds and
         # overlaps with theirs; TF's own connect retries wait for servers that are still coming up.
         chief = self.tasks["chief-0"]

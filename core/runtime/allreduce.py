@@ -1,0 +1,38 @@
+"""All-reduce (MultiWorkerMirroredStrategy) jobs on the supervisor's side: which replica a task is, and
+how a worker's failure is told.
+
+Every worker runs the cell (`tfdist.runtime.coordinator` under MWMS); chief-0 is replica 0 and the one
+that returns results, worker-i is replica i+1. A worker that fails mid-fit stalls every collective of the
+others, and MWMS cannot take one worker back (TF: "the unavailable worker needs to be restarted, as well as
+other workers"), so a worker failure ends the job, saying which worker and, if the cell failed there, with
+the cell's own traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tfdist import tf_config
+from tfdist.jobview import Reason
+
+
+def replica_index(task: str) -> int:
+    role, idx = tf_config.split_task(task)
+    return 0 if role == "chief" else idx + 1
+
+
+def worker_failure(jobdir: str, task: str, how: str) -> dict[str, str]:
+    """The job's error for a failed worker: the cell's error if the cell raised there, else how it ended."""
+    path = os.path.join(jobdir, f"error-{task}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            err = json.load(f)
+        err["message"] = f"{err.get('message', '')} (raised on {task})"
+        return err
+    return {
+        "type": "WorkerLost",
+        "message": f"all-reduce worker {task} {how}; the other workers cannot finish a step without it",
+        "traceback": "",
+        "reason": Reason.TASK_FAILED.value,
+    }

@@ -1,0 +1,45 @@
+"""Which tf.distribute strategy a job's cell runs under, and which task speaks for the job.
+
+Parameter-server training (`ps`) has one coordinator (chief-0) that drives remote workers and PS; only it
+runs the cell. All-reduce (`allreduce`, MultiWorkerMirroredStrategy) has no coordinator: every worker runs
+the same program and takes part in each step's collective, so every worker runs the cell, and chief-0 (the
+first worker) is the only one that reports progress and writes the results back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+PS = "ps"
+ALLREDUCE = "allreduce"
+
+
+def current() -> str:
+    return os.environ.get("TFDIST_STRATEGY", PS)
+
+
+def task_type() -> str:
+    try:
+        return json.loads(os.environ.get("TF_CONFIG", "{}"))["task"]["type"]
+    except (KeyError, TypeError, ValueError):
+        return "chief"
+
+
+def speaks_for_job() -> bool:
+    """True where progress events and results come from: the PS coordinator, or all-reduce's chief."""
+    return task_type() == "chief"
+
+
+def make(name: str | None = None) -> Any:
+    """The strategy, created before any other TensorFlow op (MWMS enables collectives at creation)."""
+    import tensorflow as tf
+
+    name = name or current()
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if name == ALLREDUCE:
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    if name == PS:
+        return tf.distribute.ParameterServerStrategy(resolver)
+    raise ValueError(f"unknown strategy {name!r}")
