@@ -6,6 +6,7 @@ import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { watchHubNotice } from './hubnotice';
 import { isKernelLoss, markKernelLoss, rememberMonitors } from './kernelwatch';
 import { IGpuStatus, IJobDetail, IJobsApi, IJobSummary } from './model';
 import { GpuStatusItem, JobsPanel } from './panel';
@@ -39,6 +40,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     statusBar: IStatusBar | null,
     notebooks: INotebookTracker | null
   ) => {
+    watchHubNotice(); // the hub's GPU-idle warning (tfdist.hubadmin)
     const panel = new JobsPanel(api);
     panel.title.icon = tfdistIcon;
     app.shell.add(panel, 'left', { rank: 800 });
