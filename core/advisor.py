@@ -1,0 +1,266 @@
+"""How to distribute a model: a small performance model behind `%tfdist plan`. Pure: no TensorFlow.
+
+Inputs are what can be measured on one device in seconds (the step time of the cell's model and batch, the
+size of each variable in creation order) and what the admin or a default says about the hardware (nodes,
+devices per node, network bandwidth). Outputs are predicted steps/s, examples/s and epoch time for one
+worker, N workers with k parameter servers, and all-reduce with N workers, and one recommended run line.
+
+The model (README, "How `%tfdist plan` predicts"):
+
+* A step of one worker is serial: pull the variables from the PS, compute, push the gradients. So a
+  PS step costs t_compute + t_pull + t_push; pull and push each take the busiest link's bytes in that
+  phase over its bandwidth, with all workers in phase (conservative for async PS training).
+* Variables sit on the PS round-robin in creation order (TensorFlow's default placement, no partitioner),
+  so one huge variable (VGG-16's fc6: 411 MB) loads one PS however many there are.
+* Tasks are spread round-robin over nodes (PS j on node j mod nodes); traffic between tasks on one node
+  uses the local bandwidth, across nodes the network's. Links are full duplex.
+* All-reduce (ring): each step moves 2(N-1)/N of the gradient bytes in and out of every worker, with no
+  overlap with compute (MultiWorkerMirroredStrategy all-reduces after the backward pass). Each replica
+  keeps the cell's batch, so the recommended line asks for a dataset batch of N x batch (under all-reduce
+  the dataset's batch is the global one). Steps/s are always steps of the cell's batch.
+* Workers of a local CPU job share the server's cores: their compute time-slices (a GPU is one worker's).
+* A fixed cost per step for dispatch and RPC latency (PS: the coordinator schedules each step as a
+  closure; all-reduce: collective launch), measured on this project's CI machine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+GBIT = 1e9 / 8  # bytes/s in one Gbit/s
+DEFAULT_BANDWIDTH = {"kubernetes": 10 * GBIT, "local": 2e9}  # 10 GbE; loopback gRPC (serialising)
+DEFAULT_LOCAL_BANDWIDTH = {"kubernetes": 10e9, "local": 2e9}  # within a node (PCIe / memory copies)
+PS_STEP_OVERHEAD_S = 0.004
+ALLREDUCE_STEP_OVERHEAD_S = 0.002
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one device measured for the cell's model and batch."""
+
+    step_s: float  # one training step (forward, backward, update) of `batch` examples on one device
+    batch: int
+    var_bytes: tuple[int, ...]  # every variable the PS would hold, in creation order
+    grad_bytes: int | None = None  # trainable variables only (what all-reduce moves); None: all of them
+    steps_per_epoch: int | None = None
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(self.var_bytes)
+
+    @property
+    def gradient_bytes(self) -> int:
+        return self.param_bytes if self.grad_bytes is None else self.grad_bytes
+
+
+@dataclass(frozen=True)
+class Hardware:
+    nodes: int = 1
+    devices_per_node: int = 1  # GPUs per node, or worker slots on a CPU node
+    bandwidth: float = DEFAULT_BANDWIDTH["kubernetes"]  # bytes/s per node NIC and direction
+    local_bandwidth: float = DEFAULT_LOCAL_BANDWIDTH["kubernetes"]  # bytes/s within a node
+    shared_cpu_cores: int | None = None  # local CPU job: workers share these cores (None: own devices)
+    ps_overhead_s: float = PS_STEP_OVERHEAD_S
+    allreduce_overhead_s: float = ALLREDUCE_STEP_OVERHEAD_S
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+@dataclass
+class Prediction:
+    strategy: str  # "single", "ps", "allreduce"
+    workers: int
+    ps: int
+    steps_per_s: float  # steps of the cell's batch, all workers together
+    examples_per_s: float
+    epoch_s: float | None
+    bound: str  # what limits it: "compute", "PS bandwidth", "network", "dispatch"
+    detail: str = ""
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if self.strategy == "single":
+            return "1 worker"
+        if self.strategy == "ps":
+            return f"{self.workers} workers, {self.ps} PS"
+        return f"all-reduce, {self.workers} workers"
+
+    def run_line(self) -> str:
+        if self.strategy == "single":
+            return "%%tfdist run --workers 1 --ps 1"
+        if self.strategy == "allreduce":
+            return f"%%tfdist run --strategy allreduce --workers {self.workers}"
+        return f"%%tfdist run --workers {self.workers} --ps {max(1, self.ps)}"
+
+
+def shard(var_bytes: tuple[int, ...] | list[int], k: int) -> list[int]:
+    """Bytes on each of k PS: variables placed round-robin in creation order (TF's default)."""
+    out = [0] * k
+    for i, b in enumerate(var_bytes):
+        out[i % k] += b
+    return out
+
+
+def _compute_s(m: Measured, hw: Hardware, workers: int, per_worker_batch_share: float) -> float:
+    t = m.step_s * per_worker_batch_share
+    if hw.shared_cpu_cores is not None:  # a CPU server: the workers' compute time-slices its cores
+        t *= max(1.0, workers / max(1, hw.devices_per_node))
+    return t
+
+
+def _epoch(m: Measured, steps_per_s: float) -> float | None:
+    return m.steps_per_epoch / steps_per_s if m.steps_per_epoch and steps_per_s > 0 else None
+
+
+def predict_single(m: Measured, hw: Hardware) -> Prediction:
+    t = m.step_s
+    return Prediction("single", 1, 0, 1 / t, m.batch / t, _epoch(m, 1 / t), "compute", phases={"compute": t})
+
+
+def _phase_s(m: Measured, hw: Hardware, workers: int, ps: int) -> tuple[float, str, str]:
+    """One phase (pull, or push: the same bytes the other way): the busiest link's time, its name and why."""
+    shards = shard(m.var_bytes, ps)
+    node_of_worker = [w % hw.nodes for w in range(workers)]
+    node_of_ps = [j % hw.nodes for j in range(ps)]
+    nic_out = [0.0] * hw.nodes  # PS -> remote workers (pull); the push mirrors it
+    nic_in = [0.0] * hw.nodes
+    local = [0.0] * hw.nodes
+    for wn in node_of_worker:
+        for j, pn in enumerate(node_of_ps):
+            if wn == pn:
+                local[pn] += shards[j]
+            else:
+                nic_out[pn] += shards[j]
+                nic_in[wn] += shards[j]
+    t_nic = max(max(nic_out), max(nic_in)) / hw.bandwidth
+    t_local = max(local) / hw.local_bandwidth
+    why = (
+        f"each step moves {2 * m.param_bytes * workers / 1e9:.2g} GB through {ps} PS "
+        f"(the busiest holds {max(shards) / 1e6:.0f} MB)"
+    )
+    if t_nic >= t_local:
+        return t_nic, "PS bandwidth" if ps < workers or hw.nodes == 1 else "network", why
+    return t_local, "PS bandwidth", why
+
+
+def predict_ps(m: Measured, hw: Hardware, workers: int, ps: int) -> Prediction:
+    compute = _compute_s(m, hw, workers, 1.0)
+    phase, link, why = _phase_s(m, hw, workers, ps)
+    step = compute + 2 * phase + hw.ps_overhead_s
+    steps = workers / step
+    bound = "compute" if compute >= 2 * phase + hw.ps_overhead_s else link
+    if bound != "compute" and hw.ps_overhead_s > 2 * phase:
+        bound = "dispatch"
+    return Prediction(
+        "ps",
+        workers,
+        ps,
+        steps,
+        steps * m.batch,
+        _epoch(m, steps),
+        bound,
+        why,
+        {"compute": compute, "pull": phase, "push": phase, "overhead": hw.ps_overhead_s},
+    )
+
+
+def predict_allreduce(m: Measured, hw: Hardware, workers: int) -> Prediction:
+    """Each replica keeps the cell's batch (the run line scales the dataset's batch by N: under all-reduce
+    a dataset's batch is the global one), so a step processes workers x batch examples."""
+    compute = _compute_s(m, hw, workers, 1.0)
+    moved = 2 * (workers - 1) / workers * m.gradient_bytes  # in, and out, of every worker
+    if workers == 1:
+        comm = 0.0
+    else:
+        # a ring over nodes crosses each NIC once per direction; within a node it runs over local links
+        t_nic = moved / hw.bandwidth if hw.nodes > 1 else 0.0
+        t_local = moved / hw.local_bandwidth if hw.devices_per_node > 1 or hw.nodes == 1 else 0.0
+        comm = max(t_nic, t_local)
+    step = compute + comm + (hw.allreduce_overhead_s if workers > 1 else 0.0)
+    examples = workers * m.batch / step
+    bound = "compute" if compute >= comm else "network"
+    why = f"each step all-reduces {m.gradient_bytes / 1e6:.0f} MB of gradients over {workers} workers"
+    return Prediction(
+        "allreduce",
+        workers,
+        0,
+        examples / m.batch,
+        examples,
+        _epoch(m, examples / m.batch),
+        bound,
+        why,
+        {"compute": compute, "all-reduce": comm, "overhead": hw.allreduce_overhead_s},
+    )
+
+
+def ps_counts(workers: int, n_vars: int) -> list[int]:
+    """The PS counts worth comparing: 1, 2, 4, ... up to the workers and the variables there are."""
+    top = max(1, min(workers, n_vars))
+    out, k = [], 1
+    while k < top:
+        out.append(k)
+        k *= 2
+    return sorted({*out, top})
+
+
+def plan(m: Measured, hw: Hardware, workers: int | None = None) -> list[Prediction]:
+    """Every candidate: one worker; N workers with each k PS that matters; all-reduce with N workers."""
+    n = workers or max(2, hw.devices)
+    preds = [predict_single(m, hw)]
+    preds += [predict_ps(m, hw, n, k) for k in ps_counts(n, len(m.var_bytes))]
+    preds.append(predict_allreduce(m, hw, n))
+    return preds
+
+
+def recommend(preds: list[Prediction]) -> tuple[Prediction, str]:
+    """The fastest candidate (by examples/s; fewer tasks within 5 %) and one sentence saying why."""
+    best_rate = max(p.examples_per_s for p in preds)
+    near = [p for p in preds if p.examples_per_s >= 0.95 * best_rate]
+    best = min(near, key=lambda p: (p.workers + p.ps, p.strategy != "allreduce"))
+    single = preds[0]
+    ps_best = max((p for p in preds if p.strategy == "ps"), key=lambda p: p.examples_per_s, default=None)
+    speed = best.examples_per_s / single.examples_per_s
+    if best.strategy == "single":
+        worst = ps_best or best
+        reason = (
+            f"one worker is fastest: distributing does not pay ({worst.label}: "
+            f"{worst.examples_per_s / single.examples_per_s:.2f}x, {worst.bound} bound: {worst.detail})"
+        )
+    elif best.strategy == "allreduce":
+        vs = f"; the best PS layout ({ps_best.label}) is {ps_best.bound} bound" if ps_best else ""
+        reason = f"all-reduce is {speed:.1f}x one worker{vs}: {ps_best.detail if ps_best else best.detail}"
+    else:
+        reason = f"{best.label} is {speed:.1f}x one worker ({best.bound} bound; {best.detail})"
+    return best, reason
+
+
+def parse_bandwidth(text: str) -> float:
+    """Bytes/s from '10Gbps', '25gbit', '1.5GB/s', '800MB/s' or a number of bytes/s."""
+    t = text.strip().lower().replace(" ", "")
+    units = [
+        ("gbps", GBIT),
+        ("gbit", GBIT),
+        ("mbps", GBIT / 1000),
+        ("mbit", GBIT / 1000),
+        ("gb/s", 1e9),
+        ("mb/s", 1e6),
+    ]
+    for suffix, scale in units:
+        if t.endswith(suffix):
+            t, mult = t[: -len(suffix)], scale
+            break
+    else:
+        mult = 1.0
+    try:
+        value = float(t) * mult
+    except ValueError:
+        raise ValueError(
+            f"bandwidth {text!r}: use e.g. 10Gbps, 25gbit, 1.5GB/s or bytes per second"
+        ) from None
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"bandwidth {text!r} must be positive")
+    return value
