@@ -8,6 +8,12 @@ admin's base ones, and the image. Every spawn starts again from the admin's base
 request or node selector never sticks to the next (kubespawner#546, #691). The environment gives
 ``%%tfdist`` its defaults (tfdist.settings), the pod's own name/UID through the downward API.
 
+Each user gets their own namespace by default (``enable_user_namespaces``): before every start the spawner
+creates or updates it from the user's profile (tfdist.kube.tenancy: quota, limits, the notebook's service
+account and Role, default-deny ingress, the admission policy's parameters). A namespace shared by several
+users is possible only by setting ``enable_user_namespaces = False`` explicitly, and is not a security
+boundary (README, "Isolation between users on Kubernetes").
+
 kubespawner's own ``profile_list`` is not used; `load_user_options` is a no-op because validation and
 application already happened in ``apply_user_options`` (which, unlike kubespawner's, answers bad REST input
 with a 400 instead of a KeyError/500).
@@ -22,6 +28,8 @@ from kubespawner import KubeSpawner
 from traitlets import Bool, Unicode
 
 from tfdist import settings
+from tfdist.kube import tenancy
+from tfdist.kube.apply import prepare_user_namespace
 from tfdist.kube.manifests import notebook_pod_labels
 
 from .allocator import ModelAvailability
@@ -61,6 +69,21 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         and refuse requests that cannot fit now. Off: the form says availability is unknown.""",
     )
 
+    enable_user_namespaces = Bool(
+        True,
+        config=True,
+        help="""Each user in their own namespace (``user_namespace_template``), prepared on every spawn with
+        the quota, Role and policies of tfdist.kube.tenancy. Default True (KubeSpawner's default is False).
+        False puts every user in ``namespace``, where users can reach each other's jobs and Secrets: only for
+        a team that trusts each other (README, "Isolation between users on Kubernetes").""",
+    )
+    service_account = Unicode(
+        tenancy.NOTEBOOK_SA,
+        allow_none=True,
+        config=True,
+        help="Service account of notebook pods; in user namespaces the spawner creates it with its Role.",
+    )
+
     tfdist_place = "The cluster"
     _tfdist_base: dict[str, Any] | None = None
 
@@ -72,6 +95,63 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
     async def load_user_options(self) -> None:
         """Nothing left to do: `apply_user_options` validated and applied the choice."""
         await self.tfdist_ensure_applied()
+
+    def tenant_policy(self) -> tenancy.TenantPolicy:
+        """What the user's profile allows, as the user namespace's quota and admission parameters."""
+        cfg = self.tfdist_profiles()
+        choice = self.tfdist_choice
+        profile = cfg.profile(choice.profile) if choice is not None else None
+        if profile is None:  # no valid choice (cannot happen after apply_user_options): allow nothing
+            return tenancy.TenantPolicy(
+                user=self.user.name,
+                namespace=self.namespace,
+                gpu_quota={m.resource: 0 for m in cfg.gpu_models.values()},
+                pods_quota=1,
+            )
+        quota = {m.resource: 0 for m in cfg.gpu_models.values()}
+        if profile.max_gpus_per_user is not None:
+            for key in profile.gpu_models:
+                quota[cfg.gpu_models[key].resource] = profile.max_gpus_per_user
+        else:  # no per-user cap on the profile's own models
+            for key in profile.gpu_models:
+                quota.pop(cfg.gpu_models[key].resource, None)
+        model_key = (choice.gpu_model if choice else None) or profile.default_model
+        model = cfg.gpu_models.get(model_key) if model_key else None
+        tolerations = list(self._base()["tolerations"])
+        if model is not None:
+            tolerations += [t.as_k8s() for t in model.tolerations if t.as_k8s() not in tolerations]
+        jobs = profile.jobs
+        nb_cpu = profile.cpu.max * profile.cpu.limit_factor
+        nb_mem = profile.memory_gib.max * profile.memory_gib.limit_factor
+        return tenancy.TenantPolicy(
+            user=self.user.name,
+            namespace=self.namespace,
+            gpu_quota=quota,
+            gpu_resource=model.resource if model is not None else "",
+            max_gpus_per_pod=profile.gpus.max if model is not None else 0,
+            node_selector=dict(model.node_selector) if model is not None else {},
+            tolerations=tolerations,
+            required_tolerations=[t.as_k8s() for t in model.tolerations] if model is not None else [],
+            queue=profile.kueue_queue or "",
+            cpu_quota=None if jobs.cpu is None else jobs.cpu + nb_cpu,
+            memory_quota_bytes=None if jobs.memory_gib is None else int((jobs.memory_gib + nb_mem) * 2**30),
+            pods_quota=jobs.pods,
+            hub_namespace=self._hub_namespace(),
+        )
+
+    def _hub_namespace(self) -> str:
+        import os
+
+        path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+        if os.path.exists(path):
+            with open(path) as f:
+                return f.read().strip()
+        return os.environ.get("POD_NAMESPACE", "")
+
+    async def _ensure_namespace(self) -> None:
+        """The user's namespace, converged on their profile before each start (idempotent)."""
+        await super()._ensure_namespace()
+        await prepare_user_namespace(self.api.api_client, self.tenant_policy())
 
     def _base(self) -> dict[str, Any]:
         if self._tfdist_base is None:

@@ -29,6 +29,7 @@ __all__ = [
     "GpuModel",
     "ImageChoice",
     "IntRange",
+    "JobLimits",
     "Profile",
     "ProfilesConfig",
     "ProfilesFileError",
@@ -170,6 +171,25 @@ class CustomImage(_Strict):
         return re.fullmatch(self.regex, image) is not None
 
 
+class JobLimits(_Strict):
+    """Kubernetes: what a user's `%%tfdist` jobs may hold together, beside their notebook servers (the
+    user namespace's ResourceQuota adds the profile's own cpu/memory maxima for the notebook). Unset cpu or
+    memory: no cap on it."""
+
+    cpu: float | None = Field(None, gt=0)
+    memory_gib: float | None = Field(None, gt=0)
+    #: pods in the user's namespace, notebook servers included
+    pods: int = Field(32, ge=1, strict=True)
+
+    @model_validator(mode="after")
+    def _finite_values(self) -> JobLimits:
+        for name in ("cpu", "memory_gib"):
+            v = getattr(self, name)
+            if v is not None:
+                _finite(v, name)
+        return self
+
+
 class Profile(_Strict):
     """What one group of users may choose."""
 
@@ -190,6 +210,8 @@ class Profile(_Strict):
     max_gpus_per_user: int | None = Field(None, ge=0, strict=True)
     #: optional Kueue LocalQueue for %%tfdist jobs from this profile (TFDIST_KUEUE_QUEUE)
     kueue_queue: str | None = None
+    #: Kubernetes: the quota of the user's jobs (CPU, memory, pods), enforced by the user namespace's quota
+    jobs: JobLimits = Field(default_factory=JobLimits)
 
     @field_validator("images", mode="before")
     @classmethod

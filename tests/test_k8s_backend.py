@@ -5,6 +5,7 @@ the same runtime is exercised by the local backend's tests)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -51,7 +52,7 @@ def get(plane, path: str):
     return plane.get(path)
 
 
-def test_manifests_put_gpus_on_workers_only_and_own_everything():
+def test_manifests_put_gpus_on_workers_only_and_hang_everything_on_one_root():
     s = JobSpec(
         name="j1",
         user="ann@x",
@@ -63,42 +64,91 @@ def test_manifests_put_gpus_on_workers_only_and_own_everything():
         cpu=2.0,
         memory_bytes=2**30,
     )
-    owner = mf.owner_reference("jupyter-ann", "uid-1")
+    nb = mf.owner_reference("jupyter-ann", "uid-1")
+    root = mf.root_job(s, nb, lifeline_s=60)
+    assert root["metadata"]["ownerReferences"] == [nb] and root["metadata"]["name"] == "j1"
+    assert root["metadata"]["labels"][mf.L_ROOT] == "true"
+    assert root["spec"] | {"template": None} == {
+        "completions": 1,
+        "parallelism": 1,
+        "backoffLimit": 0,
+        "ttlSecondsAfterFinished": mf.FINISHED_TTL_S,
+        "suspend": True,
+        "activeDeadlineSeconds": 60,
+        "template": None,
+    }
+    assert "activeDeadlineSeconds" not in mf.root_job(s, nb, lifeline_s=None)["spec"]  # detached
+    owner = mf.root_reference(s, "root-uid")
     objs = mf.job_objects(
-        s, token="t", owner=owner, notebook_labels={"hub.jupyter.org/username": "ann"}, node_selector=H100
+        s, token="t", root=owner, notebook_labels={"hub.jupyter.org/username": "ann"}, node_selector=H100
     )
-    kinds = [o["kind"] for o in objs]
-    assert kinds == ["Secret", "Service", "NetworkPolicy", "Pod", "Pod", "Pod", "Pod"]
+    assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
+        ("Job", "j1-worker"),
+        ("Secret", "j1-token"),
+        ("Service", "j1"),
+        ("NetworkPolicy", "j1"),
+        ("Job", "j1-ps"),
+    ]
     assert all(o["metadata"]["ownerReferences"] == [owner] for o in objs)
-    pods = {o["metadata"]["labels"][mf.L_TASK]: o for o in objs if o["kind"] == "Pod"}
-    assert set(pods) == {"chief-0", "worker-0", "worker-1", "ps-0"}
-    for task, pod in pods.items():
-        res = pod["spec"]["containers"][0]["resources"]
-        if task.startswith("worker"):
-            assert res["limits"]["nvidia.com/gpu"] == "2" and pod["spec"]["nodeSelector"] == H100
-            assert pod["spec"]["restartPolicy"] == "OnFailure"
+    worker, ps = objs[0]["spec"], objs[4]["spec"]
+    assert (worker["completionMode"], worker["completions"], worker["parallelism"]) == ("Indexed", 2, 2)
+    assert worker["backoffLimitPerIndex"] == mf.WORKER_RESTARTS and worker["maxFailedIndexes"] == 2
+    assert (ps["completionMode"], ps["completions"], ps["backoffLimit"]) == ("Indexed", 1, 0)
+    templates = {"chief": root["spec"]["template"], "worker": worker["template"], "ps": ps["template"]}
+    for role, t in templates.items():
+        res = t["spec"]["containers"][0]["resources"]
+        if role == "worker":
+            assert res["limits"]["nvidia.com/gpu"] == "2" and t["spec"]["nodeSelector"] == H100
         else:
-            assert "nvidia.com/gpu" not in res["limits"] and "nodeSelector" not in pod["spec"]
-            assert pod["spec"]["restartPolicy"] == "Never"
+            assert "nvidia.com/gpu" not in res["limits"] and "nodeSelector" not in t["spec"]
+        assert t["spec"]["restartPolicy"] == "Never" and t["spec"]["subdomain"] == "j1"
         assert res["requests"] == {"cpu": "2000m", "memory": str(2**30)}
-        env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+        env = {e["name"]: e for e in t["spec"]["containers"][0]["env"]}
         assert env["TFDIST_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "j1-token"
-        assert pod["spec"]["subdomain"] == "j1" and pod["spec"]["hostname"] == f"j1-{task}"
-    import json
+        assert t["metadata"]["labels"][mf.L_ROLE] == role
+    # Indexed pods are named <job>-<index>: the worker Job's pods get the hostnames TF_CONFIG names
+    assert templates["chief"]["spec"]["hostname"] == "j1-chief-0"
+    env = {e["name"]: e["value"] for e in templates["worker"]["spec"]["containers"][0]["env"] if "value" in e}
+    from tfdist.runtime.podmain import task_environment
 
-    cfg = json.loads(
-        {e["name"]: e for e in pods["worker-1"]["spec"]["containers"][0]["env"]}["TF_CONFIG"]["value"]
-    )
-    assert cfg["task"] == {"type": "worker", "index": 1}
+    pod_env = {**env, "JOB_COMPLETION_INDEX": "1"}
+    task_environment("worker", pod_env)
+    cfg = json.loads(pod_env["TF_CONFIG"])
+    assert cfg["task"] == {"type": "worker", "index": 1} and pod_env["TFDIST_TASK"] == "worker-1"
     assert cfg["cluster"]["ps"] == ["j1-ps-0.j1.team.svc:2222"]
-    assert objs[0]["metadata"]["labels"][mf.L_USER] == mf.user_label("ann@x")
+    assert cfg["cluster"]["worker"][1] == "j1-worker-1.j1.team.svc:2222"
+    assert objs[1]["metadata"]["labels"][mf.L_USER] == mf.user_label("ann@x")
     assert mf.user_label("ann@x").startswith("ann-x-") and mf.user_label("ann@x") != mf.user_label("ann-x")
-    netpol = objs[2]["spec"]
-    tf_rule, agent_rule = netpol["ingress"]
+    tf_rule, agent_rule = objs[3]["spec"]["ingress"]
     assert tf_rule["from"] == [
         {"podSelector": {"matchLabels": {mf.L_JOB: "j1", mf.L_USER: mf.user_label("ann@x")}}}
     ]
     assert {"podSelector": {"matchLabels": {"hub.jupyter.org/username": "ann"}}} in agent_rule["from"]
+
+
+def left(plane, ns: str, job: str) -> list[str]:
+    """Every object of the job still there (not being deleted)."""
+    sel = f"labelSelector={mf.L_JOB}%3D{job}"
+    out = []
+    for path in (
+        f"/apis/batch/v1/namespaces/{ns}/jobs",
+        f"/api/v1/namespaces/{ns}/pods",
+        f"/api/v1/namespaces/{ns}/services",
+        f"/api/v1/namespaces/{ns}/secrets",
+        f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+    ):
+        out += [
+            f"{path.rsplit('/', 1)[1]}/{o['metadata']['name']}" for o in get(plane, f"{path}?{sel}")["items"]
+        ]
+    return out
+
+
+async def wait_gone(plane, ns: str, job: str, timeout: float) -> float:
+    t0 = time.time()
+    while left(plane, ns, job):
+        assert time.time() - t0 < timeout, left(plane, ns, job)
+        await asyncio.sleep(0.5)
+    return time.time() - t0
 
 
 async def test_gpu_job_lands_on_gpu_nodes_and_stop_deletes_everything(k8s_plane, k8s_namespace):
@@ -114,17 +164,7 @@ async def test_gpu_job_lands_on_gpu_nodes_and_stop_deletes_everything(k8s_plane,
         assert (await b.status("gpu1")).state == "running"
         assert [j["name"] for j in await b.list_jobs()] == ["gpu1"]
         assert await b.stop("gpu1")
-        sel = f"labelSelector={mf.L_JOB}%3Dgpu1"
-        for kind in ("pods", "services", "secrets"):
-            deadline = time.time() + 30
-            while (
-                get(k8s_plane, f"/api/v1/namespaces/{k8s_namespace}/{kind}?{sel}")["items"]
-                and time.time() < deadline
-            ):
-                await asyncio.sleep(0.3)
-            assert not get(k8s_plane, f"/api/v1/namespaces/{k8s_namespace}/{kind}?{sel}")["items"], kind
-        np = get(k8s_plane, f"/apis/networking.k8s.io/v1/namespaces/{k8s_namespace}/networkpolicies?{sel}")
-        assert not np["items"]
+        await wait_gone(k8s_plane, k8s_namespace, "gpu1", 30)
     finally:
         await b.close()
 
@@ -139,19 +179,16 @@ async def test_unschedulable_job_shows_the_reason_then_is_deleted(k8s_plane, k8s
         msgs = [e.get("message", "") for e in evs if e.get("type") == "state"]
         assert any("Insufficient nvidia.com/gpu" in m for m in msgs), msgs
         assert "not running within --timeout 6s; deleted" in msgs[-1]
-        await asyncio.sleep(1)
-        assert not get(k8s_plane, f"/api/v1/namespaces/{k8s_namespace}/pods")["items"]
+        await wait_gone(k8s_plane, k8s_namespace, "toobig", 20)
     finally:
         await b.close()
 
 
 async def test_rejected_object_leaves_nothing_half_created(k8s_plane, k8s_namespace):
     b = backend(k8s_plane, k8s_namespace, TFDIST_WORKER_IMAGE=" bad image ")
-    with pytest.raises(JobSpecError, match="the API server refused Pod"):
+    with pytest.raises(JobSpecError, match="the API server refused Job"):
         await b.submit(spec("badimg", k8s_namespace), b"p", Launch())
-    for kind in ("pods", "services", "secrets"):
-        items = get(k8s_plane, f"/api/v1/namespaces/{k8s_namespace}/{kind}?labelSelector={mf.L_JOB}%3Dbadimg")
-        assert not items["items"], kind
+    assert left(k8s_plane, k8s_namespace, "badimg") == []
     await b.close()
 
 
@@ -161,7 +198,12 @@ async def test_two_jobs_with_the_same_name(k8s_plane, k8s_namespace):
         await b.submit(spec("twice", k8s_namespace), b"p", Launch())
         with pytest.raises(JobSpecError, match="a job named 'twice' already exists"):
             await b.submit(spec("twice", k8s_namespace), b"p", Launch())
-        assert len(get(k8s_plane, f"/api/v1/namespaces/{k8s_namespace}/pods")["items"]) == 4
+        deadline = time.time() + 30
+        while len(get(k8s_plane, f"/api/v1/namespaces/{k8s_namespace}/pods")["items"]) != 4:
+            assert time.time() < deadline
+            await asyncio.sleep(0.3)
+        jobs = get(k8s_plane, f"/apis/batch/v1/namespaces/{k8s_namespace}/jobs")["items"]
+        assert sorted(j["metadata"]["name"] for j in jobs) == ["twice", "twice-ps", "twice-worker"]
     finally:
         await b.close()
 
@@ -206,18 +248,7 @@ async def test_notebook_pod_deleted_mid_job_garbage_collects_the_job(k8s_plane, 
         await b.submit(spec("owned", k8s_namespace), b"p", Launch())
         await collect(b, "owned", lambda ev, _: ev.get("type") == "state" and ev["state"] == "running")
         k8s_plane.request("DELETE", f"/api/v1/namespaces/{k8s_namespace}/pods/jupyter-ann")
-        deadline = time.time() + 60
-        left = None
-        while time.time() < deadline:
-            left = [
-                p["metadata"]["name"]
-                for p in get(k8s_plane, f"/api/v1/namespaces/{k8s_namespace}/pods")["items"]
-            ]
-            svcs = get(k8s_plane, f"/api/v1/namespaces/{k8s_namespace}/services")["items"]
-            if not left and not svcs:
-                break
-            await asyncio.sleep(0.5)
-        assert not left, f"not garbage-collected: {left}"
+        await wait_gone(k8s_plane, k8s_namespace, "owned", 60)
     finally:
         await b.close()
 
@@ -242,7 +273,13 @@ async def test_failed_worker_pod_is_replaced_and_watch_survives_apiserver_restar
         )  # the watch must resume, not restart from scratch
         n_before = len(events)
         k8s_plane.kubectl(
-            "-n", k8s_namespace, "label", "pod", "faulty-worker-1", "sim.tfdist.io/outcome=fail"
+            "-n",
+            k8s_namespace,
+            "label",
+            "pod",
+            "-l",
+            f"{mf.L_JOB}=faulty,{mf.L_ROLE}=worker,{mf.L_INDEX}=1",
+            "sim.tfdist.io/outcome=fail",
         )
         deadline = time.time() + 60
         while not any(e.get("type") == "task" and e.get("state") == "restarting" for e in events):

@@ -201,7 +201,7 @@ def apply_notebook_rbac(k8s_plane, namespace: str) -> None:
     k8s_plane.kubectl("-n", namespace, "apply", "-f", str(RBAC_NOTEBOOK))
 
 
-def make_spawner(name: str, namespace: str) -> Any:
+def make_spawner(name: str, namespace: str, **traits: Any) -> Any:
     from tfdist.spawner.kube import TfdistKubeSpawner
 
     user = FakeHubUser(name=name, groups=[FakeGroup("ml-team")])
@@ -210,6 +210,7 @@ def make_spawner(name: str, namespace: str) -> Any:
         hub=FakeHub(),
         profiles_file=str(PROFILES),
         namespace=namespace,
+        **({"enable_user_namespaces": False} | traits),  # one shared test namespace unless asked
         service_account="tfdist-notebook",
         start_timeout=45,
         k8s_api_request_retry_timeout=20,
@@ -339,6 +340,64 @@ async def test_spawn_placed_refused_beyond_one_node_and_raced_spawn_pending(
         await KubeSpawner._stop_all_reflectors()  # class-level singletons bound to this event loop
 
 
+async def test_spawn_in_the_users_own_namespace_prepared_from_the_profile(
+    k8s_plane, k8s_api, plane_kubeconfig
+):
+    """The default: each user in their own namespace, created and converged from the profile on every spawn
+    (quota from max_gpus_per_user and the jobs block, Role, default deny, admission parameters)."""
+    from kubernetes_asyncio import client
+    from kubespawner import KubeSpawner
+
+    from tfdist.kube import tenancy
+
+    prefix = f"u-{uuid.uuid4().hex[:6]}"
+    sp = make_spawner(
+        "carol", "unused", enable_user_namespaces=True, user_namespace_template=prefix + "-{username}"
+    )
+    ns = f"{prefix}-carol"
+    core = client.CoreV1Api(k8s_api)
+    assert sp.namespace == ns
+    try:
+        opts = gpu_options(1)
+        sp.user_options = opts
+        await sp._run_apply_user_options(opts)
+        await asyncio.wait_for(sp.start(), 60)
+        pod = await core.read_namespaced_pod(sp.pod_name, ns)
+        assert pod.spec.service_account_name == tenancy.NOTEBOOK_SA
+        labels = (await core.read_namespace(ns)).metadata.labels
+        assert labels[tenancy.L_TENANT] == "true"
+        quota = await core.read_namespaced_resource_quota(tenancy.QUOTA, ns)
+        # profiles.yaml "gpu": max_gpus_per_user 8 on each resource of its models (GPUs and MIG slices)
+        assert quota.spec.hard["requests.nvidia.com/gpu"] == "8" and quota.spec.hard["pods"] == "32"
+        assert quota.spec.hard["requests.nvidia.com/mig-1g.10gb"] == "8"
+        params = (await core.read_namespaced_config_map(tenancy.POLICY_PARAMS, ns)).data
+        assert params["queue"] == "ml-team" and params["nodeSelector"] == f"{PRODUCT}={H100}"
+        roles = await client.RbacAuthorizationV1Api(k8s_api).read_namespaced_role(tenancy.NOTEBOOK_SA, ns)
+        assert [r.verbs for r in roles.rules] == [r["verbs"] for r in tenancy.NOTEBOOK_RULES]
+        await asyncio.wait_for(sp.stop(now=True), 30)
+        # the next spawn (another choice) converges the same namespace: CPU-only now, so GPU parameters go
+        opts = {
+            "profile": "cpu",
+            "cpu": 1,
+            "memory": 2,
+            "image": "quay.io/jupyter/tensorflow-notebook:2026-06-01",
+        }
+        sp.user_options = opts
+        await sp._run_apply_user_options(opts)
+        await asyncio.wait_for(sp.start(), 60)
+        quota = await core.read_namespaced_resource_quota(tenancy.QUOTA, ns)
+        assert quota.spec.hard["requests.nvidia.com/gpu"] == "0"
+        params = (await core.read_namespaced_config_map(tenancy.POLICY_PARAMS, ns)).data
+        assert params["gpuResource"] == "" and params["queue"] == ""
+    finally:
+        await asyncio.wait_for(sp.stop(now=True), 30)
+        await KubeSpawner._stop_all_reflectors()
+        try:
+            k8s_plane.request("DELETE", f"/api/v1/namespaces/{ns}")
+        except Exception:
+            pass
+
+
 # ---------------------------------------------------------------------------------------------- 3. RBAC
 
 
@@ -372,32 +431,11 @@ async def test_notebook_rbac_with_its_own_token(k8s_plane, k8s_api, k8s_namespac
 
         async with client.ApiClient(cfg) as api:
             core = client.CoreV1Api(api)
-            net = client.NetworkingV1Api(api)
             authz = client.AuthorizationV1Api(api)
             me = await client.AuthenticationV1Api(api).create_self_subject_review(
                 {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
             )
             assert me.status.user_info.username == f"system:serviceaccount:{ns_a}:tfdist-notebook"
-
-            def objects(ns: str) -> list[dict[str, Any]]:
-                return mf.job_objects(JobSpec(name="j1", user="u", namespace=ns, image="busybox"), token="x")
-
-            def create(obj: dict[str, Any]) -> Any:
-                ns, kind = obj["metadata"]["namespace"], obj["kind"]
-                if kind == "NetworkPolicy":
-                    return net.create_namespaced_network_policy(ns, obj)
-                fn = {"Pod": core.create_namespaced_pod, "Service": core.create_namespaced_service}.get(kind)
-                return (fn or core.create_namespaced_secret)(ns, obj)
-
-            def delete(obj: dict[str, Any]) -> Any:
-                ns, kind, name = obj["metadata"]["namespace"], obj["kind"], obj["metadata"]["name"]
-                fn = {
-                    "Pod": core.delete_namespaced_pod,
-                    "Service": core.delete_namespaced_service,
-                    "Secret": core.delete_namespaced_secret,
-                    "NetworkPolicy": net.delete_namespaced_network_policy,
-                }[kind]
-                return fn(name, ns)
 
             async def status_of(coro: Any) -> int:
                 try:
@@ -421,44 +459,25 @@ async def test_notebook_rbac_with_its_own_token(k8s_plane, k8s_api, k8s_namespac
                 }
                 return bool((await authz.create_self_subject_access_review(body)).status.allowed)
 
-            # ---- namespace A: everything the %%tfdist Kubernetes backend does
-            objs = objects(ns_a)
-            kinds = Counter(o["kind"] for o in objs)
-            assert kinds["Secret"] == kinds["Service"] == kinds["NetworkPolicy"] == 1 and kinds["Pod"] >= 2
-            for obj in objs:
-                await create(obj)
-            sel = f"{mf.L_JOB}=j1"
-            pods = await core.list_namespaced_pod(ns_a, label_selector=sel)
-            assert len(pods.items) == kinds["Pod"]
-            w = watch.Watch()
-            async with w.stream(core.list_namespaced_pod, ns_a, label_selector=sel, timeout_seconds=2) as s:
-                seen = {ev["object"].metadata.name async for ev in s}
-            assert seen == {p.metadata.name for p in pods.items}
-            first_pod = pods.items[0].metadata.name
-            assert (await core.read_namespaced_pod(first_pod, ns_a)).metadata.name == first_pod
-            # kwok runs no kubelet, so the log itself may not be served; the authorization is what counts
-            assert await status_of(core.read_namespaced_pod_log(first_pod, ns_a, _request_timeout=5)) != 403
-            assert await can("get", "pods", ns_a, sub="log")
-            assert await can("list", "events", ns_a)
-            # the job token Secret is write-only for notebooks (shared namespace: no reading others' secrets)
-            secret = next(o for o in objs if o["kind"] == "Secret")
-            assert await status_of(core.read_namespaced_secret(secret["metadata"]["name"], ns_a)) == 403
-            # delete one of each, then what delete_all does (delete-collection by label) for the rest
-            for kind in ("Pod", "Service", "NetworkPolicy", "Secret"):
-                await delete(next(o for o in objs if o["kind"] == kind))
-            await core.delete_collection_namespaced_pod(ns_a, label_selector=sel, grace_period_seconds=0)
-            await core.delete_collection_namespaced_secret(ns_a, label_selector=sel)
-            await net.delete_collection_namespaced_network_policy(ns_a, label_selector=sel)
-
-            # ---- namespace B: 403 for all of it
-            for obj in objects(ns_b):
-                assert await status_of(create(obj)) == 403, obj["kind"]
-                assert await status_of(delete(obj)) == 403, obj["kind"]
-            assert await status_of(core.list_namespaced_pod(ns_b)) == 403
+            # what the notebook may NOT do, in its own namespace
+            assert not await can("create", "pods", ns_a)  # the Job controller creates the job's pods
+            assert not await can("patch", "pods", ns_a) and not await can("update", "pods", ns_a)
+            assert not await can("patch", "jobs", ns_a, group="batch")
+            assert not await can("list", "secrets", ns_a) and not await can("get", "secrets", ns_a)
+            assert not await can("deletecollection", "secrets", ns_a)
+            # ---- namespace B: nothing
+            for verb, res, group in (
+                ("create", "jobs", "batch"),
+                ("list", "jobs", "batch"),
+                ("delete", "jobs", "batch"),
+                ("create", "secrets", ""),
+                ("create", "services", ""),
+                ("list", "pods", ""),
+            ):
+                assert not await can(verb, res, ns_b, group=group), (verb, res)
             assert await status_of(core.read_namespaced_pod("other", ns_b)) == 403
             assert await status_of(core.read_namespaced_pod_log("other", ns_b)) == 403
             assert await status_of(core.delete_namespaced_pod("other", ns_b)) == 403
-            assert await status_of(core.delete_collection_namespaced_pod(ns_b)) == 403
             w = watch.Watch()
             with pytest.raises(ApiException) as e:
                 async with w.stream(core.list_namespaced_pod, ns_b, timeout_seconds=2) as s:
@@ -468,7 +487,51 @@ async def test_notebook_rbac_with_its_own_token(k8s_plane, k8s_api, k8s_namespac
             # nor cluster-wide
             assert await status_of(core.list_pod_for_all_namespaces()) == 403
             assert await status_of(core.list_node()) == 403
-            assert not await can("create", "pods", ns_b)
+
+        # ---- namespace A: the %%tfdist backend itself, with this token: everything it does is allowed
+        import yaml
+
+        from tfdist.backends.base import Launch
+        from tfdist.backends.kubernetes import KubernetesBackend
+        from tfdist.errors import BackendUnavailable
+        from tfdist.settings import from_environ
+
+        kc = yaml.safe_load(open(k8s_plane.kubeconfig))
+        kc["users"] = [{"name": "nb", "user": {"token": token}}]
+        kc["contexts"][0]["context"]["user"] = "nb"
+        kc_path = Path(k8s_plane.workdir) / f"nb-{ns_a}.kubeconfig"
+        kc_path.write_text(yaml.safe_dump(kc))
+
+        def nb_backend(ns: str) -> KubernetesBackend:
+            env = {"TFDIST_NAMESPACE": ns, "TFDIST_WORKER_IMAGE": "busybox", "TFDIST_USER": "u"}
+            return KubernetesBackend(from_environ(env), kubeconfig=str(kc_path))
+
+        b = nb_backend(ns_a)
+        b.lifeline_renew_s = 0.5  # renew (update the root Job) a few times during the test
+        try:
+            await b.submit(JobSpec(name="j1", user="u", backend="kubernetes"), b"payload", Launch())
+            running = None
+            async for ev in b.watch("j1"):
+                if ev.get("type") == "state" and ev["state"] in ("running", "failed"):
+                    running = ev
+                    break
+            assert running is not None and running["state"] == "running", running
+            assert [j["name"] for j in await b.list_jobs()] == ["j1"]
+            assert (await b.status("j1")).state == "running"
+            logs = await b.logs("j1")  # kwok serves no logs; the authorization is what counts
+            assert set(logs) == {"chief-0", "worker-0", "worker-1", "ps-0"}
+            assert not any("Forbidden" in v for v in logs.values()), logs
+            await asyncio.sleep(2)
+            root = (await client.BatchV1Api(k8s_api).read_namespaced_job("j1", ns_a)).spec
+            assert root.active_deadline_seconds and root.active_deadline_seconds >= 60  # renewed
+            assert await b.stop("j1")
+        finally:
+            await b.close()
+        other = nb_backend(ns_b)
+        with pytest.raises(BackendUnavailable, match="needs the tfdist Role"):
+            await other.submit(JobSpec(name="j1", user="u", backend="kubernetes"), b"p", Launch())
+        await other.close()
+        sel = f"{mf.L_JOB}=j1"
 
         # nothing of the job left in A (pods may linger while kwok finishes their deletion)
         async def gone() -> bool:
@@ -478,9 +541,10 @@ async def test_notebook_rbac_with_its_own_token(k8s_plane, k8s_api, k8s_namespac
             pols = await client.NetworkingV1Api(k8s_api).list_namespaced_network_policy(
                 ns_a, label_selector=sel
             )
-            return not (left.items or secrets.items or svcs.items or pols.items)
+            jobs = await client.BatchV1Api(k8s_api).list_namespaced_job(ns_a, label_selector=sel)
+            return not (left.items or secrets.items or svcs.items or pols.items or jobs.items)
 
-        await wait_for("job objects deleted", gone, timeout=20)
+        await wait_for("job objects deleted", gone, timeout=30)
         assert (await admin.read_namespaced_pod("other", ns_b)).metadata.name == "other"
     finally:
         try:

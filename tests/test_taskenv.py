@@ -43,12 +43,15 @@ def test_a_task_started_with_one_inter_op_thread_gets_the_minimum() -> None:
 
 def test_pods_get_the_same_environment_as_local_tasks() -> None:
     spec = JobSpec(name="j1", user="ana", workers=2, ps=1, cpu=1.0, backend="kubernetes", image="img")
-    pod = manifests.task_pod(spec, "worker-1", None)
+    pod = manifests.pod_template(spec, "worker")
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["TF_NUM_INTEROP_THREADS"] == "2" and env["TF_NUM_INTRAOP_THREADS"] == "1"
     assert env["GRPC_FAIL_FAST"] == "use_caller" and env["TF_USE_LEGACY_KERAS"] == "1"
+    from tfdist.runtime.podmain import task_environment
+
+    task_environment("worker", env := {**env, "JOB_COMPLETION_INDEX": "1"})  # what the pod does at start
     assert json.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
     # without --cpu the pod sizes its pools where it runs (taskenv.ensure_threads at the task's start)
-    bare = manifests.task_pod(JobSpec(name="j1", user="ana", backend="kubernetes", image="img"), "ps-0", None)
+    bare = manifests.pod_template(JobSpec(name="j1", user="ana", backend="kubernetes", image="img"), "ps")
     names = {e["name"] for e in bare["spec"]["containers"][0]["env"]}
     assert not names & set(taskenv.THREAD_VARS)

@@ -1,10 +1,15 @@
-"""The Kubernetes backend: a job is a set of labelled objects (see tfdist.kube.manifests) in the user's
-namespace, owned by the notebook pod.
+"""The Kubernetes backend: the kernel submits, watches and fetches; the cluster runs the job.
 
-Status comes from a watch on the job's pods (resumed from its resourceVersion when the connection or the
-API server drops, so no event is lost or repeated), never from polling. A job that cannot be scheduled
-shows the scheduler's reason and, after --timeout, is deleted whole. Creation is all-or-nothing: if any
-object is refused, everything already created is deleted before the error is shown.
+A job is a root batch/v1 Job (the coordinator) owning Indexed Jobs for the PS and the workers, a headless
+Service, a NetworkPolicy and a token Secret (tfdist.kube.manifests). Worker restarts, completion and
+clean-up are the Job controller's, the TTL controller's and the garbage collector's, whether or not a
+kernel is watching. `submit` creates everything all-or-nothing (the root is created suspended, so a
+refusal leaves no pod), then hands the payload to the coordinator's agent once, in the background, and —
+unless the job is detached — keeps the lifeline: the root's `activeDeadlineSeconds`, kept LIFELINE_GRACE_S
+ahead of now while this process lives. `watch` and `status` only read, through one derivation
+(tfdist.kube.status). The pods followed are the ones whose controlling Job this backend created (by UID),
+never pods that merely carry the job's labels; only the root Job's own pod gets the payload, and the
+channel to it is signed both ways (tfdist.kube.signing).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import secrets
 import time
@@ -23,15 +29,19 @@ from ..errors import BackendUnavailable, JobSpecError, NoSuchJob, TfdistError
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..kube import manifests as mf
+from ..kube import status as st
 from ..kube.agent_client import AgentClient
+from ..kube.api_errors import quantity, translate
 from ..settings import Settings
 from .base import Backend, Launch
 
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 WATCH_TIMEOUT_S = 300  # server-side watch timeout; the loop re-opens it from the last resourceVersion
-# A worker pod that ends Failed (eviction, node loss, a kwok fault stage) is replaced this often; a crashing
-# container is restarted in place by the kubelet (restartPolicy OnFailure) and never gets here.
-MAX_WORKER_REPLACEMENTS = 3
+LIFELINE_GRACE_S = 60  # a kernel gone this long: the cluster ends its attached jobs
+LIFELINE_RENEW_S = 20.0
+DETACHED_RESULT_WAIT_S = (
+    24 * 3600.0
+)  # default retention of a detached job's results (TFDIST_RESULT_RETENTION_S)
 AGENT_GRACE_S = 30.0
 
 
@@ -44,134 +54,27 @@ def current_namespace(settings: Settings) -> str:
     return "default"
 
 
-def pod_task_state(pod: dict[str, Any]) -> tuple[str, str]:
-    """(state, message) of one task pod, with the scheduler's words while it waits for a node."""
-    status = pod.get("status") or {}
-    phase = status.get("phase") or "Pending"
-    if pod.get("metadata", {}).get("deletionTimestamp"):
-        return "terminating", ""
-    if phase == "Pending":
-        for c in status.get("conditions") or []:
-            if c.get("type") == "PodScheduled" and c.get("status") == "False":
-                return "unschedulable", c.get("message") or c.get("reason") or "not scheduled"
-        for cs in status.get("containerStatuses") or []:
-            waiting = (cs.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
-                return "image-error", f"{waiting['reason']}: {waiting.get('message', '')}".strip()
-        return "pending", "scheduled" if (pod.get("spec") or {}).get("nodeName") else "waiting for a node"
-    if phase == "Running":
-        restarts = sum(cs.get("restartCount", 0) for cs in status.get("containerStatuses") or [])
-        return "running", f"restarts: {restarts}" if restarts else ""
-    if phase == "Succeeded":
-        return "exited-ok", ""
-    if phase == "Failed":
-        return "failed", status.get("reason") or status.get("message") or "failed"
-    return phase.lower(), ""
-
-
-def newest_per_task(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A task may briefly have its failed pod (terminating) and its replacement: keep the newest."""
-    newest: dict[str, dict[str, Any]] = {}
-    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
-        newest[pod["metadata"].get("labels", {}).get(mf.L_TASK, "")] = pod
-    return list(newest.values())
-
-
-_SUFFIX = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "n": 1e-9,
-    "u": 1e-6,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "E": 1e18,
-}
-
-
-def quantity(text: str) -> float:
-    """A Kubernetes quantity ("500m", "4Gi", "8") as a number."""
-    text = str(text).strip()
-    for suffix in sorted(_SUFFIX, key=len, reverse=True):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * _SUFFIX[suffix]
-    return float(text)
-
-
-def quota_sentence(message: str) -> str:
-    """The API server's "exceeded quota: q, requested: r=8, used: r=4, limited: r=8" as one sentence."""
-    parts = dict(
-        (k.strip(), v.strip())
-        for k, _, v in (p.partition(":") for p in message.split("exceeded quota:", 1)[-1].split(", ")[1:])
-    )
-
-    def first(key: str) -> tuple[str, str]:
-        res, _, amount = parts.get(key, "").split(",")[0].partition("=")
-        return res, amount
-
-    res, asked = first("requested")
-    _, used = first("used")
-    _, limit = first("limited")
-    what = res.removeprefix("requests.").removeprefix("limits.") or "resources"
-    return (
-        f"the job would exceed your quota of {what}: it asks for {asked or '?'} more, {used or '?'} of "
-        f"{limit or '?'} are in use (your notebook servers count too); ask for less or stop another job"
-    )
-
-
-def _translate(exc: Exception, kind: str, name: str, namespace: str) -> TfdistError:
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    if not isinstance(exc, ApiException):
-        return BackendUnavailable(f"cannot reach the Kubernetes API: {exc}")
-    try:
-        message = json.loads(exc.body or "{}").get("message") or exc.reason
-    except ValueError:
-        message = exc.reason
-    if exc.status == 403 and "exceeded quota" in message:
-        return JobSpecError(quota_sentence(message))
-    if exc.status in (403, 422) and "denied request:" in message:  # the admin's admission policy
-        return JobSpecError(
-            f"the cluster refused the job ({kind} {name!r}): {message.split('denied request:', 1)[1].strip()}"
-        )
-    if exc.status == 403 and "violates PodSecurity" in message:
-        return JobSpecError(f"the cluster refused {kind} {name!r}: {message}")
-    if exc.status == 403:
-        return BackendUnavailable(
-            f"not allowed to create {kind} {name!r} in namespace {namespace!r}: {message}. The notebook's "
-            "service account needs the tfdist Role (hub_config/rbac.yaml) in that namespace"
-        )
-    if exc.status == 404:
-        return JobSpecError(f"namespace {namespace!r} does not exist ({message})")
-    if exc.status == 409:
-        return JobSpecError(
-            f"a job named {name!r} already exists in namespace {namespace!r}: pick another --name"
-        )
-    if exc.status == 422:
-        return JobSpecError(f"the API server refused {kind} {name!r}: {message}")
-    return BackendUnavailable(f"the API server refused {kind} {name!r} ({exc.status}): {message}")
+def controller_uid(obj: dict[str, Any]) -> str | None:
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
 
 
 @dataclasses.dataclass
 class _Job:
     spec: JobSpec
-    payload: bytes
     token: str
     created: float
-    # the pods this backend created, by UID (from the create responses): events of any other pod carrying
-    # the job's labels are ignored, and only the chief UID's address ever gets the payload
-    pod_uids: dict[str, str] = dataclasses.field(default_factory=dict)  # uid -> task
-
-    @property
-    def chief_uids(self) -> set[str]:
-        return {u for u, t in self.pod_uids.items() if t == "chief-0"}
+    root_uid: str
+    job_uids: set[str]  # the root, PS and worker Jobs: their pods are this job's pods
+    detach: bool = False
+    payload: bytes | None = None  # until the agent has it
+    agent: AgentClient | None = None
+    delivered: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    delivery_error: Exception | None = None
+    tasks: list[asyncio.Task] = dataclasses.field(default_factory=list)
+    done: bool = False
 
 
 class KubernetesBackend(Backend):
@@ -183,12 +86,13 @@ class KubernetesBackend(Backend):
         self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
         self._api: Any = None
         self._jobs: dict[str, _Job] = {}
-        self._agents: dict[str, AgentClient] = {}
         self.node_selector: dict[str, str] | None = settings.gpu_node_selector
         self.tolerations: list[dict] | None = settings.gpu_tolerations
         self.notebook_labels: dict[str, str] | None = (
             mf.notebook_pod_labels(settings.user) if settings.pod_name else None
         )
+        self.lifeline_grace_s = LIFELINE_GRACE_S
+        self.lifeline_renew_s = LIFELINE_RENEW_S
 
     # ------------------------------------------------------------------ API plumbing
     async def api(self) -> Any:
@@ -208,59 +112,76 @@ class KubernetesBackend(Backend):
 
         return client.CoreV1Api(await self.api())
 
-    async def _create(self, obj: dict[str, Any]) -> str:
-        """Create one object; its UID."""
+    async def _batch(self) -> Any:
+        from kubernetes_asyncio import client
+
+        return client.BatchV1Api(await self.api())
+
+    async def _dict(self, obj: Any) -> dict[str, Any]:
+        return (await self.api()).sanitize_for_serialization(obj)
+
+    async def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
         from kubernetes_asyncio import client
 
         api = await self.api()
-        ns = obj["metadata"]["namespace"]
-        kind = obj["kind"]
-        if kind == "NetworkPolicy":
-            res = await client.NetworkingV1Api(api).create_namespaced_network_policy(ns, obj)
-            return res.metadata.uid
+        ns, kind = obj["metadata"]["namespace"], obj["kind"]
         core = client.CoreV1Api(api)
         create = {
-            "Pod": core.create_namespaced_pod,
+            "Job": client.BatchV1Api(api).create_namespaced_job,
+            "NetworkPolicy": client.NetworkingV1Api(api).create_namespaced_network_policy,
             "Service": core.create_namespaced_service,
             "Secret": core.create_namespaced_secret,
         }[kind]
-        return (await create(ns, obj)).metadata.uid
+        return await self._dict(await create(ns, obj))
 
-    async def delete_all(self, name: str, namespace: str | None = None) -> None:
-        """Delete every object of a job by its label: pods first (they hold the GPUs)."""
+    async def _delete(self, kind: str, name: str, ns: str) -> bool:
+        """Delete one object by name (Jobs with their pods, in the background); False if it was gone."""
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        ns = namespace or self.namespace
         api = await self.api()
         core = client.CoreV1Api(api)
-        sel = f"{mf.L_JOB}={name},{mf.L_USER}={mf.user_label(self.settings.user)}"
-        calls = [
-            core.delete_collection_namespaced_pod(ns, label_selector=sel, grace_period_seconds=0),
-            # by name: the notebook may not list Secrets, and a delete-collection would return their data
-            core.delete_namespaced_secret(f"{name}-token", ns),
-            client.NetworkingV1Api(api).delete_collection_namespaced_network_policy(ns, label_selector=sel),
-        ]
-        for call in calls:
-            with contextlib.suppress(ApiException):
-                await call
-        with contextlib.suppress(ApiException):  # services have no delete-collection
-            svcs = await core.list_namespaced_service(ns, label_selector=sel)
-            for s in svcs.items:
-                await core.delete_namespaced_service(s.metadata.name, ns)
+        body = {"propagationPolicy": "Background", "gracePeriodSeconds": 0}
+        delete = {
+            "Job": lambda: client.BatchV1Api(api).delete_namespaced_job(name, ns, body=body),
+            "NetworkPolicy": lambda: client.NetworkingV1Api(api).delete_namespaced_network_policy(name, ns),
+            "Service": lambda: core.delete_namespaced_service(name, ns),
+            "Secret": lambda: core.delete_namespaced_secret(name, ns),
+        }[kind]
+        try:
+            await delete()
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
-    async def _pods(self, name: str | None = None) -> list[dict[str, Any]]:
-        core = await self._core()
-        mine = f"{mf.L_USER}={mf.user_label(self.settings.user)}"
-        sel = f"{mf.L_JOB}={name},{mine}" if name else f"app.kubernetes.io/managed-by={mf.MANAGED_BY},{mine}"
-        return (await self._list_pods(core, sel))["items"]
+    async def _root(self, name: str) -> dict[str, Any] | None:
+        from kubernetes_asyncio.client.exceptions import ApiException
 
-    async def _list_pods(self, core: Any, sel: str) -> dict[str, Any]:
+        try:
+            return await self._dict(await (await self._batch()).read_namespaced_job(name, self.namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def _list_pods(self, sel: str) -> dict[str, Any]:
         """A pod list as plain JSON dicts (what the watch events carry too); API errors raise."""
-        res = await core.list_namespaced_pod(self.namespace, label_selector=sel)
-        return (await self.api()).sanitize_for_serialization(res)
+        return await self._dict(
+            await (await self._core()).list_namespaced_pod(self.namespace, label_selector=sel)
+        )
 
-    # ------------------------------------------------------------------ Backend
+    def _selector(self, name: str) -> str:
+        return f"{mf.L_JOB}={name},{mf.L_USER}={mf.user_label(self.settings.user)}"
+
+    def _ours(self, name: str, pod: dict[str, Any]) -> bool:
+        """A pod of a Job this backend created (by UID). Without a local record (another kernel's job,
+        shown read-only) any pod with the job's labels."""
+        job = self._jobs.get(name)
+        return job is None or controller_uid(pod) in job.job_uids
+
+    # ------------------------------------------------------------------ submit
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
         spec = dataclasses.replace(
             spec,
@@ -273,8 +194,9 @@ class KubernetesBackend(Backend):
                 "no image for the job's pods: the server sets TFDIST_WORKER_IMAGE (ask your admin)"
             )
         self.namespace = spec.namespace or self.namespace
+        detach = bool(spec.extra.get("detach"))
         try:
-            if await self._pods(spec.name):
+            if await self._root(spec.name) is not None:
                 raise JobSpecError(
                     f"a job named {spec.name!r} already exists in namespace {spec.namespace!r}: "
                     f"pick another --name or `%tfdist stop {spec.name}`"
@@ -282,49 +204,95 @@ class KubernetesBackend(Backend):
         except TfdistError:
             raise
         except Exception as exc:
-            raise _translate(exc, "pods", spec.name, spec.namespace or "") from None
+            raise translate(exc, "Job", spec.name, spec.namespace or "") from None
         await self._check_quota(spec)
-        owner = self._owner()
         token = secrets.token_urlsafe(32)
-        objs = mf.job_objects(
+        retention = float(os.environ.get("TFDIST_RESULT_RETENTION_S") or DETACHED_RESULT_WAIT_S)
+        root = mf.root_job(
             spec,
-            token=token,
-            owner=owner,
-            notebook_labels=self.notebook_labels,
-            node_selector=self.node_selector,
-            tolerations=self.tolerations,
-            service_account=None,
+            self._owner(),
             queue=self.settings.kueue_queue,
+            result_wait_s=retention if detach else None,
+            lifeline_s=None if detach else self.lifeline_grace_s,
         )
-        # What the pods need first, one by one; then the pods, concurrently (a 64-worker job is 67 pods).
+        created: list[dict[str, Any]] = []
         # All or nothing, also when the cell is interrupted half-way (CancelledError): the clean-up is
-        # shielded from the cancellation that triggered it.
-        pods = [o for o in objs if o["kind"] == "Pod"]
+        # shielded from the cancellation that triggered it. The root is suspended until the end: no pod
+        # of a job that is refused half-way ever exists.
         try:
-            for obj in [o for o in objs if o["kind"] != "Pod"]:
-                try:
-                    await self._create(obj)
-                except Exception as exc:
-                    raise _translate(
-                        exc, obj["kind"], obj["metadata"]["name"], spec.namespace or ""
-                    ) from None
-            results = await asyncio.gather(*(self._create(p) for p in pods), return_exceptions=True)
-            for obj, res in zip(pods, results, strict=True):
-                if isinstance(res, BaseException):
-                    raise _translate(
-                        res, obj["kind"], obj["metadata"]["name"], spec.namespace or ""
-                    ) from None
+            root = await self._create_translated(root, spec)
+            created.append(root)
+            owner = mf.root_reference(spec, root["metadata"]["uid"])
+            for obj in mf.job_objects(
+                spec,
+                token=token,
+                root=owner,
+                notebook_labels=self.notebook_labels,
+                node_selector=self.node_selector,
+                tolerations=self.tolerations,
+                queue=self.settings.kueue_queue,
+            ):
+                created.append(await self._create_translated(obj, spec))
+            root["spec"]["suspend"] = False
+            try:
+                root = await self._replace_root(root)
+            except TfdistError:
+                raise
+            except Exception as exc:
+                raise translate(exc, "Job", spec.name, spec.namespace or "") from None
         except BaseException:
-            await asyncio.shield(self.delete_all(spec.name, spec.namespace))
+            await asyncio.shield(self._rollback(created))
             raise
-        uids = {str(uid): p["metadata"]["labels"][mf.L_TASK] for p, uid in zip(pods, results, strict=True)}
-        self._jobs[spec.name] = _Job(
-            spec=spec, payload=payload, token=token, created=time.time(), pod_uids=uids
+        job = _Job(
+            spec=spec,
+            token=token,
+            created=time.time(),
+            root_uid=root["metadata"]["uid"],
+            job_uids={o["metadata"]["uid"] for o in created if o["kind"] == "Job"},
+            detach=detach,
+            payload=payload,
         )
+        self._jobs[spec.name] = job
+        if detach:
+            self._remember(job)
+        job.tasks.append(asyncio.ensure_future(self._deliver(spec.name)))
+        if not detach:
+            job.tasks.append(asyncio.ensure_future(self._lifeline(spec.name, root)))
+
+    async def _create_translated(self, obj: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
+        try:
+            out = await self._create(obj)
+        except Exception as exc:
+            raise translate(exc, obj["kind"], obj["metadata"]["name"], spec.namespace or "") from None
+        out.setdefault("kind", obj["kind"])
+        return out
+
+    async def _rollback(self, created: list[dict[str, Any]]) -> None:
+        for obj in reversed(created):
+            with contextlib.suppress(Exception):
+                await self._delete(obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"])
+
+    async def _replace_root(self, root: dict[str, Any], attempts: int = 5) -> dict[str, Any]:
+        """PUT the root (update, never patch); on a conflict (the controller wrote its status in between)
+        apply the same spec change to the live object."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        batch = await self._batch()
+        name, ns = root["metadata"]["name"], root["metadata"]["namespace"]
+        want = {k: root["spec"].get(k) for k in ("suspend", "activeDeadlineSeconds")}
+        for _ in range(attempts):
+            try:
+                return await self._dict(await batch.replace_namespaced_job(name, ns, root))
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            root = await self._dict(await batch.read_namespaced_job(name, ns))
+            root["spec"].update({k: v for k, v in want.items() if v is not None})
+        raise BackendUnavailable(f"could not update Job {name!r}: it kept changing")
 
     async def _check_quota(self, spec: JobSpec) -> None:
         """Refuse, before anything is created, a job that the namespace's ResourceQuota cannot admit now
-        (the quota still binds if this check is skipped or raced: pod creation is refused all-or-nothing)."""
+        (the quota still binds without this check: the Job controller cannot create the pods)."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         need: dict[str, float] = {"pods": spec.task_count}
@@ -337,7 +305,7 @@ class KubernetesBackend(Backend):
         try:
             quotas = (await (await self._core()).list_namespaced_resource_quota(spec.namespace)).items
         except ApiException:
-            return  # no right to read quotas (shared namespace): the API server still enforces them
+            return  # no right to read quotas (shared namespace): the cluster still enforces them
         for q in quotas:
             hard = (q.status.hard if q.status else None) or (q.spec.hard if q.spec else None) or {}
             used = (q.status.used if q.status else None) or {}
@@ -354,58 +322,146 @@ class KubernetesBackend(Backend):
                         "ask for less or stop another job"
                     )
 
+    def _owner(self) -> dict[str, Any] | None:
+        if self.settings.pod_name and self.settings.pod_uid:
+            return mf.owner_reference(self.settings.pod_name, self.settings.pod_uid)
+        return None
+
+    # ------------------------------------------------------------------ background work of a job
+    async def _deliver(self, name: str) -> None:
+        """Hand the payload to the root Job's own pod, once: wait for its address, then upload (the agent
+        client retries transient failures; a retried upload of the same bytes is accepted)."""
+        job = self._jobs[name]
+        try:
+            ip = await self._chief_ip(job)
+            client = AgentClient(f"http://{ip}:{mf.AGENT_PORT}", job.token)
+            job.agent = client
+            deadline = job.created + job.spec.timeout_s + AGENT_GRACE_S
+            while not await client.reachable():
+                if time.time() > deadline:
+                    raise BackendUnavailable(
+                        f"the notebook cannot reach the coordinator's agent at {ip}:{mf.AGENT_PORT} within "
+                        f"--timeout {job.spec.timeout_s:g}s + {AGENT_GRACE_S:g}s (NetworkPolicy or CNI?)"
+                    )
+                await asyncio.sleep(2)
+            await client.upload(job.payload or b"")
+            job.payload = None  # the kernel keeps no copy of a delivered payload
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            job.delivery_error = exc
+        finally:
+            job.delivered.set()
+
+    async def _chief_ip(self, job: _Job) -> str:
+        """The address of the root Job's pod, followed by watch until it has one."""
+        from kubernetes_asyncio import watch
+
+        core = await self._core()
+        sel = f"{self._selector(job.spec.name)},{mf.L_ROLE}=chief"
+        rv = None
+        while True:
+            try:
+                if rv is None:
+                    body = await self._list_pods(sel)
+                    rv = body["metadata"]["resourceVersion"]
+                    for pod in body["items"]:
+                        if controller_uid(pod) == job.root_uid and (pod.get("status") or {}).get("podIP"):
+                            return pod["status"]["podIP"]
+                w = watch.Watch()
+                async for item in w.stream(
+                    core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=sel,
+                    resource_version=rv,
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                    allow_watch_bookmarks=True,
+                    _preload_content=False,
+                ):
+                    pod = item["raw_object"]
+                    rv = pod["metadata"].get("resourceVersion", rv)
+                    if controller_uid(pod) == job.root_uid and (pod.get("status") or {}).get("podIP"):
+                        return pod["status"]["podIP"]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if getattr(exc, "status", None) == 410:
+                    rv = None
+                await asyncio.sleep(1)
+
+    async def _lifeline(self, name: str, root: dict[str, Any]) -> None:
+        """Keep the root's deadline LIFELINE_GRACE_S ahead while this process lives (one update per
+        LIFELINE_RENEW_S); when it stops, the Job controller ends the job within the grace period."""
+        job = self._jobs[name]
+        while not job.done:
+            await asyncio.sleep(self.lifeline_renew_s)
+            if job.done:
+                return
+            try:
+                if not (root.get("status") or {}).get("startTime"):
+                    root = await self._root(name) or root
+                start = (root.get("status") or {}).get("startTime")
+                if not start:
+                    continue
+                from datetime import datetime
+
+                started = datetime.fromisoformat(str(start).replace("Z", "+00:00")).timestamp()
+                root["spec"]["activeDeadlineSeconds"] = (
+                    math.ceil(time.time() - started) + self.lifeline_grace_s
+                )
+                root = await self._replace_root(root)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if getattr(exc, "status", None) == 404:
+                    return  # the job is gone
+                await asyncio.sleep(1)  # API server away: try again; the grace covers a few misses
+
+    def _finish(self, name: str) -> None:
+        job = self._jobs.get(name)
+        if job is None:
+            return
+        job.done = True
+        for t in job.tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+
+    # ------------------------------------------------------------------ watch
     async def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
         """Pod events (scheduling, task states) merged with the coordinator agent's (progress, metrics,
-        logs) once the coordinator pod has an address."""
+        logs) once the payload is delivered. Reads only: the cluster runs the job."""
         view = await self.status(name)
         yield {"type": "snapshot", "view": view.to_dict()}
         if view.finished:
             return
         q: asyncio.Queue = asyncio.Queue()
 
-        async def pods() -> None:
+        async def pump(source: AsyncIterator[dict[str, Any]], what: str) -> None:
             try:
-                async for ev in self._pod_events(name, view):
+                async for ev in source:
                     await q.put(ev)
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:  # never leave the cell waiting on a dead watcher
                 await q.put(
                     {
                         "type": "state",
                         "state": "failed",
                         "t": time.time(),
-                        "message": f"lost track of the job's pods: {exc!r}",
+                        "message": f"{what}: {exc}",
                         "error": {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
                     }
                 )
 
-        async def agent(ip: str) -> None:
-            try:
-                async for ev in self._agent_events(name, ip):
-                    await q.put(ev)
-            except Exception as exc:
-                await q.put(
-                    {
-                        "type": "state",
-                        "state": "failed",
-                        "t": time.time(),
-                        "message": str(exc),
-                        "error": {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
-                    }
-                )
-
-        workers = [asyncio.ensure_future(pods())]
+        workers = [asyncio.ensure_future(pump(self._pod_events(name, view), "lost track of the job's pods"))]
+        if name in self._jobs:
+            workers.append(asyncio.ensure_future(pump(self._agent_events(name), "the coordinator")))
         try:
             while True:
                 ev = await q.get()
-                if ev["type"] == "_chief_ip":
-                    if name in self._jobs and len(workers) == 1:
-                        workers.append(asyncio.ensure_future(agent(ev["ip"])))
-                    continue
-                final = ev["type"] == "state" and ev["state"] in ("succeeded", "failed", "stopped")
-                # Delete before telling: a consumer may stop iterating at the final event. A success
-                # keeps the coordinator until fetch_result() has downloaded the results.
-                if final and (ev["state"] != "succeeded" or name not in self._agents):
-                    await self.delete_all(name)
+                final = ev["type"] == "state" and ev["state"] in st.TERMINAL
+                if final and ev["state"] != "succeeded":
+                    self._finish(name)
                 yield ev
                 if final:
                     return
@@ -413,25 +469,13 @@ class KubernetesBackend(Backend):
             for w in workers:
                 w.cancel()
 
-    async def _agent_events(self, name: str, ip: str) -> AsyncIterator[dict[str, Any]]:
+    async def _agent_events(self, name: str) -> AsyncIterator[dict[str, Any]]:
         job = self._jobs[name]
-        client = AgentClient(f"http://{ip}:{mf.AGENT_PORT}", job.token)
-        self._agents[name] = client
-        announced = False
-        # --timeout, plus a grace so an unschedulable job is reported as such (its own deadline comes first)
-        deadline = job.created + job.spec.timeout_s + AGENT_GRACE_S
-        while not await client.reachable():
-            if time.time() > deadline:
-                raise BackendUnavailable(
-                    f"the notebook cannot reach the coordinator's agent at {ip}:{mf.AGENT_PORT} within "
-                    f"--timeout {job.spec.timeout_s:g}s + {AGENT_GRACE_S:g}s (NetworkPolicy or CNI?)"
-                )
-            if not announced:
-                yield {"type": "log", "lines": [["tfdist", f"waiting for the coordinator's agent at {ip}"]]}
-                announced = True
-            await asyncio.sleep(2)
-        await client.upload(job.payload)
-        async for ev in client.events():
+        await job.delivered.wait()
+        if job.delivery_error is not None:
+            raise job.delivery_error
+        assert job.agent is not None
+        async for ev in job.agent.events():
             yield ev
 
     async def _pod_events(self, name: str, view: JobView) -> AsyncIterator[dict[str, Any]]:
@@ -440,30 +484,31 @@ class KubernetesBackend(Backend):
 
         job = self._jobs.get(name)
         core = await self._core()
-        sel = f"{mf.L_JOB}={name},{mf.L_USER}={mf.user_label(self.settings.user)}"
-        tasks: dict[str, tuple[str, str]] = {}
+        sel = self._selector(name)
+        expected = job.spec.task_count if job else view.total_tasks
+        tasks: st.TaskStates = {}
         deadline = (job.created if job else view.created) + (job.spec.timeout_s if job else 600)
         started_all = False
-        replaced: dict[str, int] = {}
         current: dict[str, str] = {}  # task -> name of its newest pod
-
-        def ours(pod: dict[str, Any]) -> bool:
-            """A pod this backend created (by UID); without a local record (another kernel's job, shown
-            read-only) any pod with the job's labels."""
-            uid = pod.get("metadata", {}).get("uid")
-            return bool(uid) and (job is None or uid in job.pod_uids)
-
-        def chief_ip(pod: dict[str, Any]) -> str | None:
-            """The coordinator's address, only from the chief pod this backend created."""
-            if job is None or pod.get("metadata", {}).get("uid") not in job.chief_uids:
-                return None
-            return (pod.get("status") or {}).get("podIP") or None
-
+        restarts: dict[str, int] = {}
         rv: str | None = None
+
+        def replaced(task: str, pod_name: str) -> list[dict[str, Any]]:
+            """The Job controller replaced a task's pod: say so once per replacement."""
+            old = current.get(task)
+            current[task] = pod_name
+            if old is None or old == pod_name:
+                return []
+            n = restarts[task] = restarts.get(task, 0) + 1
+            return [
+                {"type": "task", "task": task, "state": "restarting", "restarts": n},
+                {"type": "log", "lines": [[task, f"tfdist: {task} pod replaced by the cluster ({n})"]]},
+            ]
+
         while True:
             if rv is None:  # (re)list: the current state, and where the watch resumes from
                 try:
-                    body = await self._list_pods(core, sel)
+                    body = await self._list_pods(sel)
                 except asyncio.CancelledError:
                     raise
                 except (
@@ -473,21 +518,25 @@ class KubernetesBackend(Backend):
                         raise
                     await asyncio.sleep(1)
                     continue
-                body["items"] = newest_per_task([p for p in body["items"] if ours(p)])
-                current.update(
-                    {p["metadata"]["labels"].get(mf.L_TASK, ""): p["metadata"]["name"] for p in body["items"]}
-                )
+                pods = st.newest_per_task([p for p in body["items"] if self._ours(name, p)])
+                for p in pods:
+                    for ev in replaced(st.pod_task(p) or "", p["metadata"]["name"]):
+                        yield ev
                 rv = body["metadata"]["resourceVersion"]
-                for ev in self._task_events(body["items"], tasks):
+                for ev in st.task_events(pods, tasks):
                     yield ev
-                for pod in body["items"]:
-                    if ip := chief_ip(pod):
-                        yield {"type": "_chief_ip", "ip": ip}
-                done = self._outcome(tasks)
+                done = st.outcome(tasks)
+                if done is None and not pods and await self._root(name) is None:
+                    done = {
+                        "type": "state",
+                        "state": "stopped",
+                        "message": "no objects left",
+                        "t": time.time(),
+                    }
                 if done:  # it ended while nobody watched
                     yield done
                     return
-                if not started_all and self._servers_running(tasks):
+                if not started_all and st.servers_running(tasks, expected):
                     started_all = True
                     yield {"type": "state", "state": "running", "message": "all tasks running"}
             w = watch.Watch()
@@ -508,35 +557,23 @@ class KubernetesBackend(Backend):
                     ):
                         obj = item["raw_object"]
                         rv = obj["metadata"].get("resourceVersion", rv)
-                        if not ours(obj):  # bookmarks, and pods someone else labelled as this job's
-                            continue
-                        task_label = obj["metadata"].get("labels", {}).get(mf.L_TASK, "")
+                        task = st.pod_task(obj)
+                        if item["type"] == "BOOKMARK" or not task or not self._ours(name, obj):
+                            continue  # bookmarks, and pods someone else labelled as this job's
                         pod_name = obj["metadata"]["name"]
                         if item["type"] == "ADDED":
-                            current[task_label] = pod_name  # a replacement supersedes the failed pod
-                        if (
-                            item["type"] in ("ADDED", "MODIFIED", "DELETED")
-                            and current.get(task_label, pod_name) == pod_name
-                        ):
-                            pods = [obj] if item["type"] != "DELETED" else []
-                            if item["type"] == "DELETED":
-                                tasks.pop(task_label, None)
-                            for ev in self._task_events(pods, tasks):
+                            for ev in replaced(task, pod_name):
                                 yield ev
-                                if (
-                                    ev["type"] == "task"
-                                    and ev["state"] == "failed"
-                                    and ev["task"].startswith("worker")
-                                ):
-                                    for rev in await self._replace_worker(name, ev["task"], replaced):
-                                        yield rev
-                        if ip := chief_ip(obj):
-                            yield {"type": "_chief_ip", "ip": ip}
-                        done = self._outcome(tasks)
+                        if current.get(task, pod_name) == pod_name:
+                            if item["type"] == "DELETED":
+                                tasks.pop(task, None)
+                            for ev in st.task_events([obj] if item["type"] != "DELETED" else [], tasks):
+                                yield ev
+                        done = st.outcome(tasks)
                         if done:
                             yield done
                             return
-                        if not started_all and self._servers_running(tasks):
+                        if not started_all and st.servers_running(tasks, expected):
                             started_all = True
                             yield {"type": "state", "state": "running", "message": "all tasks running"}
                         if not started_all and time.time() > deadline:
@@ -558,7 +595,11 @@ class KubernetesBackend(Backend):
                 reasons = "; ".join(
                     f"{t}: {m}" for t, (s, m) in sorted(tasks.items()) if s != "running" and m
                 )
+                if len(tasks) < expected:
+                    reasons = "; ".join(filter(None, [reasons, await self._creation_problems(name)]))
                 limit = job.spec.timeout_s if job else 600
+                if job is not None:  # --timeout is the user's word: delete now, not after the TTL
+                    await self.stop(name)
                 yield {
                     "type": "state",
                     "state": "failed",
@@ -568,168 +609,185 @@ class KubernetesBackend(Backend):
                 }
                 return
 
-    async def _replace_worker(self, name: str, task: str, replaced: dict[str, int]) -> list[dict[str, Any]]:
-        """A failed worker pod is replaced (the TF coordinator re-sends its work); a PS or chief is not."""
-        job = self._jobs.get(name)
-        if job is None or replaced.get(task, 0) >= MAX_WORKER_REPLACEMENTS:
-            return []
-        n = replaced[task] = replaced.get(task, 0) + 1
-        core = await self._core()
-        old = f"{mf.pod_name(job.spec, task)}" + (f"-r{n - 1}" if n > 1 else "")
-        pod = mf.task_pod(
-            job.spec,
-            task,
-            self._owner(),
-            node_selector=self.node_selector,
-            tolerations=self.tolerations,
-            queue=self.settings.kueue_queue,
-            attempt=n,
-        )
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        with contextlib.suppress(ApiException):
-            await core.delete_namespaced_pod(old, self.namespace, grace_period_seconds=0)
-        job.pod_uids[await self._create(pod)] = task
-        return [
-            {"type": "task", "task": task, "state": "restarting", "restarts": n},
-            {
-                "type": "log",
-                "lines": [[task, f"tfdist: {task} pod failed; replaced ({n}/{MAX_WORKER_REPLACEMENTS})"]],
-            },
-        ]
-
-    def _owner(self) -> dict[str, Any] | None:
-        if self.settings.pod_name and self.settings.pod_uid:
-            return mf.owner_reference(self.settings.pod_name, self.settings.pod_uid)
-        return None
-
-    @staticmethod
-    def _servers_running(tasks: dict[str, tuple[str, str]]) -> bool:
-        return bool(tasks) and all(s[0] in ("running", "exited-ok") for s in tasks.values())
-
-    @staticmethod
-    def _outcome(tasks: dict[str, tuple[str, str]]) -> dict[str, Any] | None:
-        chief = tasks.get("chief-0")
-        if chief and chief[0] == "exited-ok":
-            return {"type": "state", "state": "succeeded", "message": "finished", "t": time.time()}
-        failed = {t: m for t, (s, m) in tasks.items() if s == "failed" and not t.startswith("worker")}
-        if failed or (chief and chief[0] == "failed"):
-            why = "; ".join(f"{t}: {m}" for t, m in sorted(failed.items()))
-            return {
-                "type": "state",
-                "state": "failed",
-                "message": why or "the coordinator failed",
-                "t": time.time(),
-                "error": {"type": "PodFailed", "message": why, "traceback": ""},
-            }
-        return None
-
-    @staticmethod
-    def _task_events(pods: list[dict[str, Any]], tasks: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
-        out = []
-        for pod in pods:
-            task = pod["metadata"].get("labels", {}).get(mf.L_TASK)
-            if not task:
-                continue
-            st = pod_task_state(pod)
-            if tasks.get(task) == st:
-                continue
-            tasks[task] = st
-            out.append(
-                {
-                    "type": "task",
-                    "task": task,
-                    "state": st[0],
-                    "node": (pod.get("spec") or {}).get("nodeName"),
-                }
+    async def _creation_problems(self, name: str) -> str:
+        """Why the Job controller made no pods (a quota raced past the kernel's check, an admission
+        policy): its FailedCreate events, as one line."""
+        try:
+            evs = await (await self._core()).list_namespaced_event(
+                self.namespace, field_selector="reason=FailedCreate"
             )
-            if st[1] and st[0] in ("unschedulable", "image-error", "failed"):
-                out.append({"type": "state", "state": "starting", "message": f"{task}: {st[1]}"})
-                out.append({"type": "log", "lines": [[task, st[1]]]})
-        return out
+        except Exception:
+            return ""
+        msgs = []
+        for e in evs.items:
+            obj = e.involved_object
+            if obj and obj.kind == "Job" and obj.name in (name, f"{name}-worker", f"{name}-ps"):
+                msg = e.message or ""
+                if "exceeded quota" in msg:
+                    from ..kube.api_errors import quota_sentence
 
+                    msg = quota_sentence(msg)
+                msgs.append(msg)
+        return "; ".join(dict.fromkeys(msgs))
+
+    # ------------------------------------------------------------------ the rest of the interface
     async def stop(self, name: str, reason: str = "stopped") -> bool:
-        pods = await self._pods(name)
-        await self.delete_all(name)
-        self._jobs.pop(name, None)
-        self._agents.pop(name, None)
-        return bool(pods)
+        """Delete the root: the garbage collector takes everything it owns, pods first."""
+        self._finish(name)
+        job = self._jobs.pop(name, None)
+        if job is not None and job.agent is not None:
+            await job.agent.close()
+        self._forget(name)
+        return await self._delete("Job", name, self.namespace)
 
     async def status(self, name: str) -> JobView:
-        pods = await self._pods(name)
+        root = await self._root(name)
+        pods = [p for p in (await self._list_pods(self._selector(name)))["items"] if self._ours(name, p)]
         job = self._jobs.get(name)
-        if job is not None:
-            pods = [p for p in pods if p["metadata"].get("uid") in job.pod_uids]
-        if not pods and job is None:
+        if root is None and not pods and job is None:
             raise NoSuchJob(name)
         spec = job.spec if job else None
-        for p in pods:
-            ann = (p["metadata"].get("annotations") or {}).get(mf.A_SPEC)
-            if ann:
-                spec = JobSpec.from_json(ann)
-        view = JobView(
-            name=name,
-            backend="kubernetes",
-            user=spec.user if spec else "",
-            total_tasks=spec.task_count if spec else len(pods),
-            spec=json.loads(spec.to_json()) if spec else {},
-        )
-        if job:
-            view.created = job.created
-        tasks: dict[str, tuple[str, str]] = {}
-        for ev in self._task_events(newest_per_task(pods), tasks):
-            view.apply(ev)
-        if not pods:
-            view.state, view.message = "stopped", "no objects left"
-        elif self._servers_running(tasks):
-            view.state, view.message = "running", "all tasks running"
-        else:
-            view.state = "starting"
-        return view
+        ann = ((root or {}).get("metadata", {}).get("annotations") or {}).get(mf.A_SPEC)
+        if ann and spec is None:
+            spec = JobSpec.from_json(ann)
+        created = job.created if job else time.time()
+        if job is None and root is not None:
+            from datetime import datetime
+
+            ts = root["metadata"].get("creationTimestamp")
+            with contextlib.suppress(ValueError, TypeError):
+                created = datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
+        return st.view(name, spec, pods, root, created)
 
     async def list_jobs(self) -> list[dict[str, Any]]:
-        names = sorted({p["metadata"]["labels"][mf.L_JOB] for p in await self._pods()})
-        return [(await self.status(n)).summary() for n in names]
+        sel = f"{mf.L_ROOT}=true,{mf.L_USER}={mf.user_label(self.settings.user)}"
+        roots = (await (await self._batch()).list_namespaced_job(self.namespace, label_selector=sel)).items
+        out = []
+        for name in sorted({j.metadata.name for j in roots} | set(self._jobs)):
+            with contextlib.suppress(NoSuchJob):
+                out.append((await self.status(name)).summary())
+        return out
 
     async def logs(self, name: str, task: str | None = None, tail: int | None = None) -> dict[str, str]:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         core = await self._core()
-        out = {}
-        pods = await self._pods(name)
+        pods = [p for p in (await self._list_pods(self._selector(name)))["items"] if self._ours(name, p)]
         if not pods:
             raise NoSuchJob(name)
-        for p in pods:
-            t = p["metadata"]["labels"].get(mf.L_TASK, p["metadata"]["name"])
+        out = {}
+        for p in st.newest_per_task(pods):
+            t = st.pod_task(p) or p["metadata"]["name"]
             if task and t != task:
                 continue
             try:
-                kw = {"tail_lines": tail} if tail is not None else {}
+                kw = {"tail_lines": tail} if tail else {}
                 out[t] = await core.read_namespaced_pod_log(p["metadata"]["name"], self.namespace, **kw)
             except ApiException as exc:
                 out[t] = f"(no log: {exc.reason})"
         return out
 
     async def fetch_result(self, name: str) -> bytes | None:
-        """Download the results from the coordinator's agent, release it, and delete the job's objects."""
-        client = self._agents.pop(name, None)
+        """Download the results from the coordinator's agent (signed: anything else is refused before it
+        could be unpickled) and release it; the finished root then cleans up after itself (TTL)."""
+        job = self._jobs.get(name)
+        if job is None or job.agent is None:
+            return None
         try:
-            if client is None:
-                return None
-            data = await client.result()
+            data = await job.agent.result()
             with contextlib.suppress(Exception):
-                await client.done()
+                await job.agent.done()
             return data
         finally:
-            if client is not None:
-                await client.close()
-            await self.delete_all(name)
+            self._finish(name)
+            await job.agent.close()
             self._jobs.pop(name, None)
+            self._forget(name, taken=True)
+
+    # ------------------------------------------------------------------ detach / attach
+    def _record_path(self, name: str) -> str:
+        return os.path.join(self.settings.state_dir, "kubernetes", self.namespace, f"{name}.json")
+
+    def _remember(self, job: _Job) -> None:
+        """A detached job's token and identity, for `%tfdist attach` in a later kernel of this server
+        (0600 in the user's state dir: the notebook may not read the job's Secret back)."""
+        path = self._record_path(job.spec.name)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        rec = {
+            "spec": json.loads(job.spec.to_json()),
+            "token": job.token,
+            "root_uid": job.root_uid,
+            "job_uids": sorted(job.job_uids),
+            "created": job.created,
+        }
+        fd = os.open(path + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(rec, f)
+        os.replace(path + ".part", path)
+
+    def _forget(self, name: str, taken: bool = False) -> None:
+        """Drop a detached job's record; after its results were fetched, a stub says so to a later attach."""
+        path = self._record_path(name)
+        with contextlib.suppress(OSError):
+            if taken and os.path.exists(path):
+                with open(path, "w") as f:
+                    json.dump({"taken": time.time()}, f)
+            else:
+                os.unlink(path)
+
+    async def attach(self, name: str) -> None:
+        """Follow a detached job started by an earlier kernel: its events, then its results."""
+        if name in self._jobs:
+            return
+        try:
+            with open(self._record_path(name)) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            raise NoSuchJob(name) from None
+        if "taken" in rec:
+            raise JobSpecError(
+                f"the results of job {name!r} were already taken by an earlier attach (results come back "
+                "once; they are not kept after that)"
+            )
+        root = await self._root(name)
+        if root is None or root["metadata"]["uid"] != rec["root_uid"]:
+            self._forget(name)
+            raise JobSpecError(
+                f"job {name!r} has ended and its results are gone (they are kept until fetched once, or "
+                "for the retention time)"
+            )
+        job = _Job(
+            spec=JobSpec(**rec["spec"]),
+            token=rec["token"],
+            created=rec["created"],
+            root_uid=rec["root_uid"],
+            job_uids=set(rec["job_uids"]),
+            detach=True,
+        )
+        self._jobs[name] = job
+        job.tasks.append(asyncio.ensure_future(self._connect(name)))
+
+    async def _connect(self, name: str) -> None:
+        """The agent of an attached job (its payload was delivered by the kernel that started it)."""
+        job = self._jobs[name]
+        try:
+            job.agent = AgentClient(f"http://{await self._chief_ip(job)}:{mf.AGENT_PORT}", job.token)
+        except Exception as exc:
+            job.delivery_error = exc
+        finally:
+            job.delivered.set()
 
     async def close(self) -> None:
-        for name in list(self._jobs):
-            with contextlib.suppress(Exception):
-                await self.delete_all(name)
+        """The kernel is going: attached jobs go with it now (the lifeline would end them within the grace);
+        detached ones stay."""
+        for name, job in list(self._jobs.items()):
+            if not job.detach:
+                with contextlib.suppress(Exception):
+                    await self.stop(name)
+            else:
+                self._finish(name)
+                if job.agent is not None:
+                    await job.agent.close()
         self._jobs.clear()
         if self._api is not None:
             await self._api.close()

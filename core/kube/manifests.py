@@ -1,15 +1,22 @@
 """Every Kubernetes object of one `%%tfdist` job, as plain dicts. Pure: no API calls.
 
-One headless Service gives each task a stable name (`<job>-<task>.<job>.<ns>.svc`); one pod per task
-(PS and workers as `tf.distribute.Server`s, the coordinator as its own pod: never the kernel); a
-NetworkPolicy admitting the TF port only from the job's own pods and the agent port only from the
-notebook pod (TF's gRPC servers run any graph sent to them); a Secret with the job's token; and
-ownerReferences to the notebook pod on all of them, so deleting the server deletes its jobs.
+Kubernetes runs the job, not the kernel (README, "A Kubernetes job"): the coordinator is a batch/v1 Job
+named after the job, the **root**, owned by the notebook pod; the PS and the workers are Indexed Jobs
+(`<job>-ps`, `<job>-worker`: stable hostnames `<job>-worker-<i>` under the headless Service, worker
+restarts by the Job controller through `backoffLimitPerIndex`); the Service, the NetworkPolicy (the TF
+port only from the job's own pods, the agent port also from the notebook pod) and the token Secret are
+owned by the root. The root finishing ends the job (`ttlSecondsAfterFinished` then deletes it, and the
+garbage collector everything it owns); deleting the notebook pod deletes the root.
+
+The lifeline: while a kernel holds the job it keeps the root's `activeDeadlineSeconds` a grace period ahead
+of now (tfdist.backends.kubernetes); a kernel gone for longer lets the deadline pass, the Job controller
+ends the job, and the TTL and the garbage collector free everything. A detached job has no deadline.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -25,7 +32,11 @@ L_TASK = "tfdist.io/task"
 L_ROLE = "tfdist.io/role"
 L_NOTEBOOK = "tfdist.io/notebook-of"
 A_SPEC = "tfdist.io/spec"
+L_ROOT = "tfdist.io/root"  # on the root Job only: what list_jobs lists
+L_INDEX = "batch.kubernetes.io/job-completion-index"  # set by the Job controller on Indexed pods
 GPU_RESOURCE = "nvidia.com/gpu"
+FINISHED_TTL_S = 15  # a finished root (and with it the whole job) is deleted this long after it ends
+WORKER_RESTARTS = 3  # per worker index (backoffLimitPerIndex)
 
 
 def label_value(text: str) -> str:
@@ -69,6 +80,11 @@ def owner_reference(pod_name: str, pod_uid: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod_uid}
 
 
+def root_reference(spec: JobSpec, root_uid: str) -> dict[str, Any]:
+    """Everything else of the job is owned by its root Job (the coordinator)."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": spec.name, "uid": root_uid}
+
+
 def _meta(spec: JobSpec, name: str, owner: dict | None, task: str | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": spec.namespace, "labels": labels(spec, task)}
     if owner:
@@ -77,7 +93,12 @@ def _meta(spec: JobSpec, name: str, owner: dict | None, task: str | None = None)
 
 
 def pod_name(spec: JobSpec, task: str) -> str:
+    """A task's hostname (Indexed Job pods are named `<job>-<role>-<index>` by their hostname)."""
     return f"{spec.name}-{task}"
+
+
+def task_job_name(spec: JobSpec, role: str) -> str:
+    return spec.name if role == "chief" else f"{spec.name}-{role}"
 
 
 def task_host(spec: JobSpec, task: str) -> str:
@@ -154,38 +175,37 @@ def _resources(spec: JobSpec, gpus: int) -> dict[str, Any]:
     return out
 
 
-def task_pod(
+def pod_template(
     spec: JobSpec,
-    task: str,
-    owner: dict | None,
+    role: str,
     *,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
-    service_account: str | None = None,
     queue: str | None = None,
-    attempt: int = 0,
+    result_wait_s: float | None = None,
 ) -> dict[str, Any]:
-    """One task's pod. A replacement (`attempt` > 0) gets a new name but the same hostname, so the task's
-    DNS name does not change and the old pod need not be gone first."""
-    role, _ = tf_config.split_task(task)
+    """The pod of one role. Its task index comes from the Job controller (JOB_COMPLETION_INDEX), so
+    tfdist.runtime.podmain builds TF_CONFIG from TFDIST_CLUSTER where it runs."""
     gpus = spec.gpus_per_worker if role == "worker" else 0
     # threads from --cpu (the pod's limit); without it the task sizes them where it runs (taskenv)
-    tf = taskenv.tf_env(
-        tf_config=tf_config.tf_config(cluster_spec(spec), task), task=task, cpu=spec.cpu, cores=None
-    )
+    tf = taskenv.tf_env(tf_config="", task=role, cpu=spec.cpu, cores=None)
+    tf.pop("TF_CONFIG")
+    tf.pop("TFDIST_TASK")
     env = [
         *({"name": k, "value": v} for k, v in tf.items()),
+        {"name": "TFDIST_CLUSTER", "value": json.dumps(cluster_spec(spec), sort_keys=True)},
         {"name": "TFDIST_AGENT_URL", "value": f"http://{task_host(spec, 'chief-0')}:{AGENT_PORT}"},
         {
             "name": "TFDIST_TOKEN",
             "valueFrom": {"secretKeyRef": {"name": f"{spec.name}-token", "key": "token"}},
         },
     ]
-    module = "tfdist.runtime.podmain"
+    if role == "chief" and result_wait_s is not None:
+        env.append({"name": "TFDIST_RESULT_WAIT_S", "value": f"{result_wait_s:g}"})
     container: dict[str, Any] = {
         "name": "tensorflow",
         "image": spec.image,
-        "command": ["python", "-m", module, role],
+        "command": ["python", "-m", "tfdist.runtime.podmain", role],
         "env": env,
         "ports": [{"name": "tf", "containerPort": TF_PORT}]
         + ([{"name": "agent", "containerPort": AGENT_PORT}] if role == "chief" else []),
@@ -198,51 +218,118 @@ def task_pod(
         },
     }
     pod_spec: dict[str, Any] = {
-        "hostname": pod_name(spec, task),
         "subdomain": spec.name,  # with the headless Service: a stable DNS name per task
-        # A worker that crashes is restarted in place and TF's coordinator re-sends its work; the PS and
-        # the coordinator are not: their loss ends the job (it needs a restart from a checkpoint).
-        "restartPolicy": "OnFailure" if role == "worker" else "Never",
+        # the Job controller replaces a failed pod (workers: backoffLimitPerIndex); kubelet restarts in
+        # place would hide a crash from the Job's accounting
+        "restartPolicy": "Never",
         "containers": [container],
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
     }
-    if service_account:
-        pod_spec["serviceAccountName"] = service_account
+    if role == "chief":  # Indexed pods get `<job>-<role>-<index>` from the controller
+        pod_spec["hostname"] = pod_name(spec, "chief-0")
     if gpus and node_selector:
         pod_spec["nodeSelector"] = dict(node_selector)
     if gpus and tolerations:
         pod_spec["tolerations"] = list(tolerations)
-    meta = _meta(spec, pod_name(spec, task) + (f"-r{attempt}" if attempt else ""), owner, task)
-    meta["annotations"] = {A_SPEC: spec.to_json()} if role == "chief" else {}
+    meta_labels = labels(spec, "chief-0" if role == "chief" else None)
+    meta_labels[L_ROLE] = role
+    if queue:
+        meta_labels["kueue.x-k8s.io/queue-name"] = queue
+    return {"metadata": {"labels": meta_labels}, "spec": pod_spec}
+
+
+def _job_meta(spec: JobSpec, role: str, owner: dict | None, queue: str | None) -> dict[str, Any]:
+    meta = _meta(spec, task_job_name(spec, role), owner)
+    meta["labels"][L_ROLE] = role
     if queue:
         meta["labels"]["kueue.x-k8s.io/queue-name"] = queue
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    return meta
+
+
+def root_job(
+    spec: JobSpec,
+    owner: dict | None,
+    *,
+    queue: str | None = None,
+    result_wait_s: float | None = None,
+    lifeline_s: int | None = None,
+    suspend: bool = True,
+) -> dict[str, Any]:
+    """The coordinator's Job, the root of everything else. Created suspended (no pod yet) so that a refusal
+    of any other object leaves nothing to clean up but objects; `lifeline_s` is the first deadline."""
+    meta = _job_meta(spec, "chief", owner, queue)
+    meta["labels"][L_ROOT] = "true"
+    meta["annotations"] = {A_SPEC: spec.to_json()}
+    job_spec: dict[str, Any] = {
+        "completions": 1,
+        "parallelism": 1,
+        "backoffLimit": 0,  # the coordinator holds the fit's state: it is not retried
+        "ttlSecondsAfterFinished": FINISHED_TTL_S,
+        "suspend": suspend,
+        "template": pod_template(spec, "chief", queue=queue, result_wait_s=result_wait_s),
+    }
+    if lifeline_s is not None:
+        job_spec["activeDeadlineSeconds"] = int(lifeline_s)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+
+
+def task_job(
+    spec: JobSpec,
+    role: str,
+    root: dict | None,
+    *,
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict] | None = None,
+    queue: str | None = None,
+) -> dict[str, Any]:
+    """PS or workers: one Indexed Job. A worker index that fails is replaced up to WORKER_RESTARTS times
+    (TF's coordinator re-sends its work); a failed PS index fails the PS Job (its variables are gone)."""
+    n = spec.workers if role == "worker" else spec.ps
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": n,
+        "parallelism": n,
+        "ttlSecondsAfterFinished": FINISHED_TTL_S,
+        "template": pod_template(
+            spec, role, node_selector=node_selector, tolerations=tolerations, queue=queue
+        ),
+    }
+    if role == "worker":
+        job_spec["backoffLimitPerIndex"] = WORKER_RESTARTS
+        job_spec["maxFailedIndexes"] = n
+        # an evicted or preempted worker (node drain, higher priority) is replaced without counting
+        job_spec["podFailurePolicy"] = {
+            "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+        }
+    else:
+        job_spec["backoffLimit"] = 0
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _job_meta(spec, role, root, queue),
+        "spec": job_spec,
+    }
 
 
 def job_objects(
     spec: JobSpec,
     *,
     token: str,
-    owner: dict | None = None,
+    root: dict | None = None,
     notebook_labels: dict[str, str] | None = None,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
-    service_account: str | None = None,
     queue: str | None = None,
 ) -> list[dict[str, Any]]:
-    """All objects, in creation order: what the tasks need (Secret, Service, policy) comes first."""
-    objs = [secret(spec, owner, token), service(spec, owner), network_policy(spec, owner, notebook_labels)]
-    for task in tf_config.task_names(spec.workers, spec.ps):
-        objs.append(
-            task_pod(
-                spec,
-                task,
-                owner,
-                node_selector=node_selector,
-                tolerations=tolerations,
-                service_account=service_account,
-                queue=queue,
-            )
-        )
+    """What the root owns, in creation order: the workers' Job first (the one an admission policy is most
+    likely to refuse), then what the tasks need, then the PS."""
+    objs = [
+        task_job(spec, "worker", root, node_selector=node_selector, tolerations=tolerations, queue=queue),
+        secret(spec, root, token),
+        service(spec, root),
+        network_policy(spec, root, notebook_labels),
+    ]
+    if spec.ps:
+        objs.append(task_job(spec, "ps", root, queue=queue))
     return objs

@@ -23,7 +23,7 @@ from ..kube import signing
 from . import events as wire
 
 AGENT_PORT_ENV = "TFDIST_AGENT_PORT"
-RESULT_WAIT_S = 600.0  # how long results wait for the notebook before the pod gives up
+RESULT_WAIT_S = 600.0  # how long results wait for the notebook (TFDIST_RESULT_WAIT_S: detached jobs)
 ORPHAN_AFTER_S = 30.0  # a server whose agent is unreachable this long ends itself
 
 
@@ -71,7 +71,8 @@ def run_chief() -> int:
         done["error"] = err
     state.finished.set()
     state.log.add(done)
-    wait_until(state.delivered.is_set, RESULT_WAIT_S if code == 0 else 60.0)
+    keep = float(os.environ.get("TFDIST_RESULT_WAIT_S") or RESULT_WAIT_S)
+    wait_until(state.delivered.is_set, keep if code == 0 else 60.0)
     srv.shutdown()
     return code
 
@@ -137,8 +138,23 @@ def run_server(role: str) -> int:
     return proc.returncode or 0
 
 
+def task_environment(role: str, environ: dict[str, str] | None = None) -> None:
+    """TF_CONFIG and TFDIST_TASK of this pod: an Indexed Job's pods share one template, so the task index
+    is the one the Job controller gave this pod (JOB_COMPLETION_INDEX)."""
+    env = os.environ if environ is None else environ
+    if env.get("TF_CONFIG") or not env.get("TFDIST_CLUSTER"):
+        return
+    from .. import tf_config
+
+    task = f"{role}-{int(env.get('JOB_COMPLETION_INDEX') or 0)}"
+    env["TF_CONFIG"] = tf_config.tf_config(json.loads(env["TFDIST_CLUSTER"]), task)
+    env["TFDIST_TASK"] = task
+
+
 def main() -> int:
     role = sys.argv[1] if len(sys.argv) > 1 else ""
+    if role in ("chief", "worker", "ps"):
+        task_environment(role)
     if role == "chief":
         return run_chief()
     if role in ("worker", "ps"):

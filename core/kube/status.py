@@ -1,0 +1,164 @@
+"""How a Kubernetes job's state is derived from its pods: one place for `watch()` and `status()`. Pure.
+
+A task is `<role>-<index>` (the role label, and the Job controller's completion index on Indexed pods).
+While the Job controller replaces a failed worker, the task has two pods: the newest one speaks for it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..jobspec import JobSpec
+from ..jobview import JobView
+from . import manifests as mf
+
+TERMINAL = ("succeeded", "failed", "stopped")
+TaskStates = dict[str, tuple[str, str]]  # task -> (state, message)
+
+
+def pod_task(pod: dict[str, Any]) -> str | None:
+    labels = pod.get("metadata", {}).get("labels") or {}
+    if labels.get(mf.L_TASK):
+        return labels[mf.L_TASK]
+    role = labels.get(mf.L_ROLE)
+    if not role:
+        return None
+    index = labels.get(mf.L_INDEX) or (pod["metadata"].get("annotations") or {}).get(mf.L_INDEX) or "0"
+    return f"{role}-{index}"
+
+
+def pod_task_state(pod: dict[str, Any]) -> tuple[str, str]:
+    """(state, message) of one task pod, with the scheduler's words while it waits for a node."""
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return "terminating", ""
+    if phase == "Pending":
+        for c in status.get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                return "unschedulable", c.get("message") or c.get("reason") or "not scheduled"
+        for cs in status.get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
+                return "image-error", f"{waiting['reason']}: {waiting.get('message', '')}".strip()
+        return "pending", "scheduled" if (pod.get("spec") or {}).get("nodeName") else "waiting for a node"
+    if phase == "Running":
+        restarts = sum(cs.get("restartCount", 0) for cs in status.get("containerStatuses") or [])
+        return "running", f"restarts: {restarts}" if restarts else ""
+    if phase == "Succeeded":
+        return "exited-ok", ""
+    if phase == "Failed":
+        return "failed", status.get("reason") or status.get("message") or "failed"
+    return phase.lower(), ""
+
+
+def newest_per_task(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A task may briefly have its failed pod and its replacement: keep the newest."""
+    newest: dict[str, dict[str, Any]] = {}
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        task = pod_task(pod)
+        if task:
+            newest[task] = pod
+    return list(newest.values())
+
+
+def task_events(pods: list[dict[str, Any]], tasks: TaskStates) -> list[dict[str, Any]]:
+    """Events for the task states that changed; `tasks` is updated in place."""
+    out = []
+    for pod in pods:
+        task = pod_task(pod)
+        if not task:
+            continue
+        st = pod_task_state(pod)
+        if tasks.get(task) == st:
+            continue
+        tasks[task] = st
+        out.append(
+            {"type": "task", "task": task, "state": st[0], "node": (pod.get("spec") or {}).get("nodeName")}
+        )
+        if st[1] and st[0] in ("unschedulable", "image-error", "failed"):
+            out.append({"type": "state", "state": "starting", "message": f"{task}: {st[1]}"})
+            out.append({"type": "log", "lines": [[task, st[1]]]})
+    return out
+
+
+def servers_running(tasks: TaskStates, expected: int | None = None) -> bool:
+    if expected is not None and len(tasks) < expected:
+        return False
+    return bool(tasks) and all(s[0] in ("running", "exited-ok") for s in tasks.values())
+
+
+def outcome(tasks: TaskStates) -> dict[str, Any] | None:
+    """The final state event once the tasks say the job ended: the coordinator succeeded, or the
+    coordinator or a PS failed (a failed worker is the Job controller's to replace)."""
+    chief = tasks.get("chief-0")
+    if chief and chief[0] == "exited-ok":
+        return {"type": "state", "state": "succeeded", "message": "finished", "t": time.time()}
+    failed = {t: m for t, (s, m) in tasks.items() if s == "failed" and not t.startswith("worker")}
+    if failed or (chief and chief[0] == "failed"):
+        why = "; ".join(f"{t}: {m}" for t, m in sorted(failed.items()))
+        if chief and chief[1] == "DeadlineExceeded":
+            why = "the notebook's kernel stopped renewing the job's lifeline; the cluster ended it"
+        return {
+            "type": "state",
+            "state": "failed",
+            "message": why or "the coordinator failed",
+            "t": time.time(),
+            "error": {"type": "PodFailed", "message": why, "traceback": ""},
+        }
+    return None
+
+
+def root_outcome(root: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The root Job's own verdict (it outlives its pods for FINISHED_TTL_S)."""
+    for c in ((root or {}).get("status") or {}).get("conditions") or []:
+        if c.get("status") != "True":
+            continue
+        if c.get("type") == "Complete":
+            return {"type": "state", "state": "succeeded", "message": "finished", "t": time.time()}
+        if c.get("type") == "Failed":
+            why = c.get("message") or c.get("reason") or "failed"
+            if c.get("reason") == "DeadlineExceeded":
+                why = "the notebook's kernel stopped renewing the job's lifeline; the cluster ended it"
+            return {
+                "type": "state",
+                "state": "failed",
+                "message": why,
+                "t": time.time(),
+                "error": {"type": c.get("reason") or "JobFailed", "message": why, "traceback": ""},
+            }
+    return None
+
+
+def view(
+    name: str, spec: JobSpec | None, pods: list[dict[str, Any]], root: dict[str, Any] | None, created: float
+) -> JobView:
+    """The job as `status()` shows it and `watch()` starts from."""
+    v = JobView(
+        name=name,
+        backend="kubernetes",
+        user=spec.user if spec else "",
+        total_tasks=spec.task_count if spec else len(pods),
+        spec=spec_dict(spec),
+    )
+    v.created = created
+    tasks: TaskStates = {}
+    for ev in task_events(newest_per_task(pods), tasks):
+        v.apply(ev)
+    done = outcome(tasks) or root_outcome(root)
+    if done:
+        v.apply(done)
+    elif not pods and root is None:
+        v.state, v.message = "stopped", "no objects left"
+    elif servers_running(tasks, spec.task_count if spec else None):
+        v.state, v.message = "running", "all tasks running"
+    else:
+        v.state = "starting"
+    return v
+
+
+def spec_dict(spec: JobSpec | None) -> dict[str, Any]:
+    import json
+
+    return json.loads(spec.to_json()) if spec else {}

@@ -1,0 +1,164 @@
+"""Issue 10 against a real control plane (kwok nodes): the cluster, not the kernel, runs a Kubernetes job.
+A worker pod lost while nobody watches is replaced by the Job controller; a SIGKILLed kernel's job is ended
+by the cluster within 90 s (the lifeline); a finished job deletes itself; a detached job outlives its
+kernel and can be attached from a later one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.test_k8s_backend import backend, left, spec, wait_gone
+from tfdist.backends.base import Launch
+from tfdist.errors import JobSpecError, NoSuchJob
+from tfdist.kube import manifests as mf
+
+pytestmark = pytest.mark.k8s
+
+
+def pods_of(plane, ns: str, job: str, role: str | None = None) -> list[dict]:
+    sel = f"{mf.L_JOB}%3D{job}" + (f",{mf.L_ROLE}%3D{role}" if role else "")
+    return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={sel}")["items"]
+
+
+async def wait_for(what: str, probe, timeout: float = 60.0):
+    t0 = time.time()
+    while True:
+        got = probe()
+        if got:
+            return got
+        assert time.time() - t0 < timeout, f"timed out waiting for {what}"
+        await asyncio.sleep(0.3)
+
+
+def running(pods: list[dict]) -> list[dict]:
+    return [
+        p
+        for p in pods
+        if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+async def test_a_worker_pod_deleted_while_nobody_watches_is_replaced_by_the_cluster(k8s_plane, k8s_namespace):
+    ns = k8s_namespace
+    b = backend(k8s_plane, ns)
+    try:
+        await b.submit(spec("heal", ns, workers=2), b"p", Launch())  # nobody iterates watch()
+        await wait_for("4 pods running", lambda: len(running(pods_of(k8s_plane, ns, "heal"))) == 4)
+        victim = next(
+            p for p in pods_of(k8s_plane, ns, "heal", "worker") if p["metadata"]["labels"][mf.L_INDEX] == "0"
+        )
+        t0 = time.time()
+        k8s_plane.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
+
+        def replacement():
+            return [
+                p
+                for p in running(pods_of(k8s_plane, ns, "heal", "worker"))
+                if p["metadata"]["labels"][mf.L_INDEX] == "0"
+                and p["metadata"]["uid"] != victim["metadata"]["uid"]
+            ]
+
+        await wait_for("worker-0 replaced and running", replacement, timeout=60)
+        print(f"\nworker pod deletion -> replacement Running: {time.time() - t0:.2f}s")
+        view = await b.status("heal")
+        assert view.state == "running" and view.tasks["worker-0"]["state"] == "running"
+    finally:
+        await b.close()
+
+
+async def test_the_cluster_ends_a_job_whose_kernel_was_sigkilled_within_90s(
+    k8s_plane, k8s_namespace, tmp_path
+):
+    ns = k8s_namespace
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from tfdist.backends.base import Launch
+        from tfdist.backends.kubernetes import KubernetesBackend
+        from tfdist.jobspec import JobSpec
+        from tfdist.settings import from_environ
+
+        async def main():
+            b = KubernetesBackend(from_environ({{"TFDIST_NAMESPACE": {ns!r}, "TFDIST_USER": "ann",
+                                                 "TFDIST_WORKER_IMAGE": "example.org/tfdist-job:1",
+                                                 "TFDIST_STATE_DIR": {str(tmp_path)!r}}}),
+                                  kubeconfig={k8s_plane.kubeconfig!r})
+            await b.submit(JobSpec(name="orphan", user="ann", backend="kubernetes"), b"p", Launch())
+            print("submitted", flush=True)
+            await asyncio.sleep(3600)
+
+        asyncio.run(main())
+        """
+    )
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert kernel.stdout is not None and kernel.stdout.readline().strip() == "submitted"
+        await wait_for("pods running", lambda: len(running(pods_of(k8s_plane, ns, "orphan"))) == 4)
+        await asyncio.sleep(25)  # the kernel renewed its lifeline at least once: the job is still there
+        assert len(running(pods_of(k8s_plane, ns, "orphan"))) == 4
+        os.kill(kernel.pid, signal.SIGKILL)
+        t0 = time.time()
+    finally:
+        kernel.kill()
+        kernel.wait()
+    took = await wait_gone(k8s_plane, ns, "orphan", 90)
+    print(f"\nkernel SIGKILLed -> every object of its job gone: {time.time() - t0:.1f}s (wait {took:.1f}s)")
+
+
+async def test_a_finished_job_deletes_itself(k8s_plane, k8s_namespace):
+    ns = k8s_namespace
+    b = backend(k8s_plane, ns)
+    try:
+        await b.submit(spec("done", ns), b"p", Launch())
+        await wait_for("chief running", lambda: running(pods_of(k8s_plane, ns, "done", "chief")))
+        # kwok: a pod labelled so ends Succeeded, as the coordinator's pod does when the fit is over
+        k8s_plane.kubectl(
+            "-n",
+            ns,
+            "label",
+            "pod",
+            "-l",
+            f"{mf.L_JOB}=done,{mf.L_ROLE}=chief",
+            "sim.tfdist.io/outcome=succeed",
+        )
+        t0 = time.time()
+        await wait_gone(k8s_plane, ns, "done", 60)
+        print(f"\nfinished -> every object gone: {time.time() - t0:.1f}s (TTL {mf.FINISHED_TTL_S}s)")
+    finally:
+        await b.close()
+
+
+async def test_a_detached_job_outlives_its_kernel_and_is_attached_from_the_next(
+    k8s_plane, k8s_namespace, tmp_path
+):
+    ns = k8s_namespace
+    env = {"TFDIST_STATE_DIR": str(tmp_path)}
+    first = backend(k8s_plane, ns, **env)
+    await first.submit(spec("away", ns, extra={"detach": True}), b"p", Launch())
+    root = k8s_plane.get(f"/apis/batch/v1/namespaces/{ns}/jobs/away")
+    assert "activeDeadlineSeconds" not in root["spec"]  # no lifeline
+    await first.close()  # the kernel restarts
+    await asyncio.sleep(2)
+    assert "jobs/away" in left(k8s_plane, ns, "away")
+    second = backend(k8s_plane, ns, **env)
+    try:
+        with pytest.raises(NoSuchJob):
+            await second.attach("never-started")
+        await second.attach("away")
+        view = await second.status("away")
+        assert view.spec["name"] == "away" and view.state in ("starting", "running")
+        assert [j["name"] for j in await second.list_jobs()] == ["away"]
+        assert await second.stop("away")
+        await wait_gone(k8s_plane, ns, "away", 30)
+        with pytest.raises((NoSuchJob, JobSpecError)):
+            await second.attach("away")  # stopped: nothing to attach to
+    finally:
+        await second.close()
