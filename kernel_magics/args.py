@@ -73,6 +73,12 @@ def run_parser(settings: Settings) -> argparse.ArgumentParser:
     p.add_argument(
         "--base-port", type=int, default=None, help="local: fixed ports from here instead of free ones"
     )
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="start the job and return: it does not need this kernel (%%tfdist attach NAME brings its "
+        "results into a later kernel)",
+    )
     return p
 
 

@@ -34,16 +34,18 @@ from .stall import StallWatch
 USAGE = """\
 %%tfdist run [--workers N] [--ps N] [--gpus-per-worker N] [--cpu C] [--memory M] [--backend B]
              [--name NAME] [--timeout S] [--stall-timeout S] [--base-port P]
-             [--strategy ps|allreduce] [--checkpoint-every N]
+             [--strategy ps|allreduce] [--checkpoint-every N] [--detach]
                                   run the cell as a distributed job (a cell magic: %%)
     --timeout S        start-up only: every task up within S s, else the job fails (default 600)
     --stall-timeout S  no training progress for S s: the cell says the job looks stuck (default 600)
 %tfdist list                      jobs of this user
 %tfdist status NAME               state, tasks and progress of a job
 %tfdist logs NAME [--task T]      full logs of every task
-%tfdist stop NAME | --all         end a job (and every process it holds)"""
+%tfdist stop NAME | --all         end a job (and every process it holds)
+%tfdist attach NAME               follow a --detach job from this kernel and bring its results here"""
 
 REFRESH_S = 1.0
+STALL_DETACHED_S = 600.0
 # The shell's own names: never shipped (a user's `_data` is, though)
 SHELL_NAMES = frozenset({"get_ipython", "exit", "quit", "In", "Out", "_ih", "_oh", "_dh"})
 
@@ -99,7 +101,13 @@ class TfdistMagics(Magics):
                     "run is a cell magic: put %%tfdist run on the first line of the cell\n" + USAGE
                 )
             return self.run(rest, cell)
-        handlers = {"list": self.list, "status": self.status, "logs": self.logs, "stop": self.stop}
+        handlers = {
+            "list": self.list,
+            "status": self.status,
+            "logs": self.logs,
+            "stop": self.stop,
+            "attach": self.attach,
+        }
         if sub not in handlers:
             raise UsageError(f"unknown %tfdist command {sub!r}\n{USAGE}")
         if cell is not None:
@@ -137,6 +145,11 @@ class TfdistMagics(Magics):
                 + (f" (nor {', '.join(map(repr, undefined[1:]))})" if len(undefined) > 1 else "")
                 + ": run the cell that defines it first; nothing was started"
             )
+        if opts.detach and opts.backend != "kubernetes":
+            raise TfdistError(
+                "--detach needs the Kubernetes backend for now: a local job ends with its kernel; "
+                "nothing was started"
+            )
         gpus = _gpu_ids() if opts.backend == "local" else []
         name = opts.name or f"tfdist-{secrets.token_hex(3)}"
         spec = JobSpec(
@@ -154,6 +167,7 @@ class TfdistMagics(Magics):
             base_port=opts.base_port,
             namespace=self.settings.namespace,
             image=self.settings.worker_image,
+            extra={"detach": True} if opts.detach else {},
         )
         validate(spec, len(gpus) if opts.backend == "local" else None)
         if spec.backend == "local":
@@ -195,6 +209,13 @@ class TfdistMagics(Magics):
                     f"tfdist job {spec.name} interrupted while starting; nothing is left"
                 ) from None
             raise
+        if spec.extra.get("detach"):
+            print(
+                f"tfdist: job {spec.name} started detached; it runs without this kernel. "
+                f"`%tfdist attach {spec.name}` in any later kernel of this server follows it and brings its "
+                "results"
+            )
+            return
         view = JobView(name=spec.name, user=spec.user, backend=spec.backend, total_tasks=spec.task_count)
         monitor = make_monitor(view)
         # the live monitor's output is replaced by the run's picture at the end: one chart, not two
@@ -218,6 +239,31 @@ class TfdistMagics(Magics):
             print(f"tfdist: job {spec.name} stopped; all its processes were ended")
             raise
         self._finish(backend, view, monitor, handle)
+
+    def attach(self, argv: list[str]) -> None:
+        """Follow a detached job from this kernel: the live monitor, then its results in this namespace.
+        Interrupting detaches again (the job goes on)."""
+        name = margs.name_parser("attach").parse_args(argv).name
+        backend = self.backend(self.settings.backend)
+        if not hasattr(backend, "attach"):
+            raise TfdistError(f"the {backend.name} backend cannot attach to jobs yet")
+        with stay_busy(self.shell):
+            self.portal.call(backend.attach(name), timeout=60)
+            current = self.portal.call(backend.status(name), timeout=30)
+            view = JobView(
+                name=name, user=current.user, backend=backend.name, total_tasks=current.total_tasks
+            )
+            view.apply({"type": "snapshot", "view": current.to_dict()})
+            monitor = make_monitor(view)
+            handle = display(monitor.widget, display_id=True) if hasattr(monitor, "widget") else None
+            try:
+                if not view.finished:
+                    self._follow(backend, view, monitor, StallWatch(STALL_DETACHED_S))
+            except KeyboardInterrupt:
+                raise CellInterrupted(
+                    f"stopped following job {name}; it goes on (%tfdist attach {name})"
+                ) from None
+            self._finish(backend, view, monitor, handle)
 
     def _leave_picture(self, handle: Any, monitor: Any, view: JobView) -> None:
         """The run as a PNG, in place of the live widgets (or after the text monitor's lines): a saved
