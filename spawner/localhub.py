@@ -39,6 +39,10 @@ def default_profiles_path() -> str:
     return str(resources.files("tfdist.spawner") / "data" / "profiles-local.yaml")
 
 
+#: how long the proxy waits for a server's answer (the spawn progress stream lasts the whole start)
+PROXY_TIMEOUT_S = 600
+
+
 def login_templates_path() -> str:
     """JupyterHub page templates of the local hub (a login page that says where the password is)."""
     return str(resources.files("tfdist.spawner") / "templates" / "hub")
@@ -95,7 +99,10 @@ def configure(
     c.JupyterHub.hub_ip = "127.0.0.1"
     c.JupyterHub.hub_port = hub_port or free_port()
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{proxy_api_port or free_port()}"
-    c.ConfigurableHTTPProxy.command = find_proxy_command()
+    # The Python proxy answers a request only once the server behind it has finished it, and gives up after
+    # tornado's default 20 s: the spawn page's progress stream of a server that takes longer to start (a busy
+    # machine) would fail and leave the user on "Your server is starting up" for good.
+    c.ConfigurableHTTPProxy.command = [*find_proxy_command(), "--proxy-timeout", str(PROXY_TIMEOUT_S * 1000)]
     c.ConfigurableHTTPProxy.pid_file = str(state / "proxy.pid")
     c.JupyterHub.db_url = f"sqlite:///{state / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(state / "jupyterhub_cookie_secret")
