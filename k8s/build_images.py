@@ -343,14 +343,20 @@ def imported(ref: str, address: str) -> bool:
 # ---------------------------------------------------------------------------------------------- main
 
 
+def layer_hashes() -> tuple[str, str, str]:
+    """Input hashes of the base, jobdeps and nbdeps layers."""
+    h_base = digest(RECIPE_VERSION, SUITE, *MIRRORS, *BASE_PACKAGES, *EXCLUDES)
+    h_jobdeps = digest(h_base, (REPO / "docker" / "job.lock").read_text())
+    h_nbdeps = digest(h_jobdeps, (REPO / "docker" / "notebook.lock").read_text())
+    return h_base, h_jobdeps, h_nbdeps
+
+
 def build(names: list[str], do_import: bool, address: str) -> dict:
     CACHE.mkdir(parents=True, exist_ok=True)
     (CACHE / "archives").mkdir(exist_ok=True)
     have = tags()
     timings: dict[str, float] = {}
-    h_base = digest(RECIPE_VERSION, SUITE, *MIRRORS, *BASE_PACKAGES, *EXCLUDES)
-    h_jobdeps = digest(h_base, (REPO / "docker" / "job.lock").read_text())
-    h_nbdeps = digest(h_jobdeps, (REPO / "docker" / "notebook.lock").read_text())
+    h_base, h_jobdeps, h_nbdeps = layer_hashes()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         work = Path(tmp)
@@ -459,12 +465,16 @@ def build(names: list[str], do_import: bool, address: str) -> dict:
 def gc() -> None:
     """Drop every tag that current.json does not name (nor the layers under it), then unreferenced blobs."""
     current = json.loads((CACHE / "current.json").read_text()) if (CACHE / "current.json").exists() else {}
+    h_base, h_jobdeps, h_nbdeps = layer_hashes()
     keep = {v["ref"].split(":", 1)[1] for v in current.values()}
-    for tag in tags():
-        kind, _ = tag.rsplit("-", 1)
-        if tag not in keep and kind in ("job", "notebook"):
-            umoci("rm", "--image", f"{LAYOUT}:{tag}")
+    keep |= {f"base-{h_base}", f"jobdeps-{h_jobdeps}", f"nbdeps-{h_nbdeps}"}
+    for tag in tags() - keep:
+        umoci("rm", "--image", f"{LAYOUT}:{tag}")
     umoci("gc", "--layout", LAYOUT)
+    archives = {v["archive"] for v in current.values()}
+    for old in (CACHE / "archives").glob("*.oci.tar"):
+        if str(old) not in archives:
+            old.unlink()
 
 
 def main(argv: list[str]) -> int:
@@ -477,7 +487,7 @@ def main(argv: list[str]) -> int:
         help="import into the running one-machine cluster's containerd (scripts/cluster up)",
     )
     ap.add_argument("--containerd", default="/run/tfdist-cluster/containerd/containerd.sock")
-    ap.add_argument("--gc", action="store_true", help="then drop older job/notebook images from the cache")
+    ap.add_argument("--gc", action="store_true", help="then drop every older image and layer from the cache")
     a = ap.parse_args(argv)
     bad = [n for n in a.images if n not in ("base", "job", "notebook")]
     if bad:
