@@ -105,11 +105,24 @@ def shard(var_bytes: tuple[int, ...] | list[int], k: int) -> list[int]:
     return out
 
 
+def size(n: float) -> str:
+    """Bytes for people: 528 MB, 77 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
 def _compute_s(m: Measured, hw: Hardware, workers: int, per_worker_batch_share: float) -> float:
     t = m.step_s * per_worker_batch_share
     if hw.shared_cpu_cores is not None:  # a CPU server: the workers' compute time-slices its cores
         t *= max(1.0, workers / max(1, hw.devices_per_node))
     return t
+
+
+def _compute_bound(hw: Hardware, workers: int) -> str:
+    shared = hw.shared_cpu_cores is not None and workers > hw.devices_per_node
+    return f"shared CPU ({hw.shared_cpu_cores} cores)" if shared else "compute"
 
 
 def _epoch(m: Measured, steps_per_s: float) -> float | None:
@@ -139,8 +152,8 @@ def _phase_s(m: Measured, hw: Hardware, workers: int, ps: int) -> tuple[float, s
     t_nic = max(max(nic_out), max(nic_in)) / hw.bandwidth
     t_local = max(local) / hw.local_bandwidth
     why = (
-        f"each step moves {2 * m.param_bytes * workers / 1e9:.2g} GB through {ps} PS "
-        f"(the busiest holds {max(shards) / 1e6:.0f} MB)"
+        f"each step moves {size(2 * m.param_bytes * workers)} through {ps} PS "
+        f"(the busiest holds {size(max(shards))})"
     )
     if t_nic >= t_local:
         return t_nic, "PS bandwidth" if ps < workers or hw.nodes == 1 else "network", why
@@ -152,9 +165,10 @@ def predict_ps(m: Measured, hw: Hardware, workers: int, ps: int) -> Prediction:
     phase, link, why = _phase_s(m, hw, workers, ps)
     step = compute + 2 * phase + hw.ps_overhead_s
     steps = workers / step
-    bound = "compute" if compute >= 2 * phase + hw.ps_overhead_s else link
-    if bound != "compute" and hw.ps_overhead_s > 2 * phase:
-        bound = "dispatch"
+    if compute >= 2 * phase + hw.ps_overhead_s:
+        bound = _compute_bound(hw, workers)
+    else:
+        bound = "dispatch" if hw.ps_overhead_s > 2 * phase else link
     return Prediction(
         "ps",
         workers,
@@ -182,8 +196,8 @@ def predict_allreduce(m: Measured, hw: Hardware, workers: int) -> Prediction:
         comm = max(t_nic, t_local)
     step = compute + comm + (hw.allreduce_overhead_s if workers > 1 else 0.0)
     examples = workers * m.batch / step
-    bound = "compute" if compute >= comm else "network"
-    why = f"each step all-reduces {m.gradient_bytes / 1e6:.0f} MB of gradients over {workers} workers"
+    bound = _compute_bound(hw, workers) if compute >= comm else "network"
+    why = f"each step all-reduces {size(m.gradient_bytes)} of gradients over {workers} workers"
     return Prediction(
         "allreduce",
         workers,
@@ -226,9 +240,10 @@ def recommend(preds: list[Prediction]) -> tuple[Prediction, str]:
     speed = best.examples_per_s / single.examples_per_s
     if best.strategy == "single":
         worst = ps_best or best
+        detail = f": {worst.detail}" if worst.bound in ("PS bandwidth", "network") else ""
         reason = (
             f"one worker is fastest: distributing does not pay ({worst.label}: "
-            f"{worst.examples_per_s / single.examples_per_s:.2f}x, {worst.bound} bound: {worst.detail})"
+            f"{worst.examples_per_s / single.examples_per_s:.2f}x, {worst.bound} bound{detail})"
         )
     elif best.strategy == "allreduce":
         vs = f"; the best PS layout ({ps_best.label}) is {ps_best.bound} bound" if ps_best else ""

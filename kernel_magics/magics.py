@@ -38,6 +38,7 @@ USAGE = """\
                                   run the cell as a distributed job (a cell magic: %%)
     --timeout S        start-up only: every task up within S s, else the job fails (default 600)
     --stall-timeout S  no training progress for S s: the cell says the job looks stuck (default 600)
+%tfdist plan MODEL DATASET | %%tfdist plan   predict 1 worker vs N workers with k PS vs all-reduce
 %tfdist list                      jobs of this user
 %tfdist status NAME               state, tasks and progress of a job
 %tfdist logs NAME [--task T]      full logs of every task
@@ -101,6 +102,10 @@ class TfdistMagics(Magics):
                     "run is a cell magic: put %%tfdist run on the first line of the cell\n" + USAGE
                 )
             return self.run(rest, cell)
+        if sub == "plan":  # measured in a subprocess, predicted by tfdist.advisor; starts no job
+            from .plan import plan
+
+            return plan(self, rest, cell)
         handlers = {
             "list": self.list,
             "status": self.status,

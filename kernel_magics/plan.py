@@ -1,0 +1,249 @@
+"""`%tfdist plan MODEL DATASET` and `%%tfdist plan`: predict how fast each way of distributing this model
+would train, before any GPU hour is spent, and recommend one `%%tfdist run` line.
+
+The model and dataset are measured in a short-lived subprocess (`tfdist.runtime.probe`), never in the
+kernel and never against a cluster; the prediction is `tfdist.advisor`'s (pure). Hardware comes from the
+flags, else the server's settings (`TFDIST_PLAN_NODES`, `TFDIST_PLAN_GPUS_PER_NODE`,
+`TFDIST_PLAN_BANDWIDTH`, set by the admin through the spawner), else a default per backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import html
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.display import HTML, Image, display
+
+from .. import advisor, payload
+from ..errors import TfdistError
+from ..taskenv import thread_env, usable_cores
+from . import args as margs
+
+ENV_NODES = "TFDIST_PLAN_NODES"
+ENV_GPUS_PER_NODE = "TFDIST_PLAN_GPUS_PER_NODE"
+ENV_BANDWIDTH = "TFDIST_PLAN_BANDWIDTH"
+PROBE_TIMEOUT_S = 180.0
+
+
+@dataclass
+class FitCall:
+    model: str
+    data: str
+    steps_per_epoch: int | None
+    epochs: int | None
+
+
+def plan_parser() -> argparse.ArgumentParser:
+    p = margs._Parser(
+        prog="%tfdist plan",
+        description="Predict steps/s for 1 worker, N workers with k PS and all-reduce; recommend a run line.",
+    )
+    p.add_argument("model", nargs="?", help="line magic: the model's name (the cell form finds it)")
+    p.add_argument("data", nargs="?", help="line magic: the dataset's name")
+    p.add_argument("--workers", type=int, default=None, help="workers to plan for (default: the devices)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes (Kubernetes; local: 1)")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node")
+    p.add_argument("--bandwidth", default=None, help="network bandwidth per node, e.g. 10Gbps, 25gbit")
+    p.add_argument("--backend", default=None, help="local or kubernetes (default: this server's)")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="for the epoch time")
+    return p
+
+
+def find_fit(source: str) -> FitCall:
+    """The first `NAME.fit(NAME, ...)` of the cell: what plan measures."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise TfdistError(f"SyntaxError in the cell, line {(exc.lineno or 0) + 1}: {exc.msg}") from None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr != "fit" or not isinstance(node.func.value, ast.Name):
+            continue
+        data = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "x"), None)
+        if not isinstance(data, ast.Name):
+            raise TfdistError(
+                "%%tfdist plan needs the fit's data as a notebook name (model.fit(train_ds, ...)), "
+                "so it can be measured; nothing was started"
+            )
+        kw = {k.arg: k.value for k in node.keywords}
+        return FitCall(
+            node.func.value.id, data.id, _int_const(kw.get("steps_per_epoch")), _int_const(kw.get("epochs"))
+        )
+    raise TfdistError(
+        "%%tfdist plan found no model.fit(...) call in the cell: it measures the model and dataset "
+        "of a fit (e.g. history = model.fit(train_ds, epochs=5, steps_per_epoch=100)); nothing was started"
+    )
+
+
+def _int_const(node: ast.expr | None) -> int | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, int) else None
+
+
+def hardware(opts: argparse.Namespace, settings: Any) -> tuple[advisor.Hardware, int]:
+    """The hardware to plan for, and the workers: flags, else the admin's settings, else defaults."""
+    backend = opts.backend or settings.backend
+    if backend not in ("local", "kubernetes"):
+        raise UsageError(f"%tfdist plan: --backend {backend!r} is unknown: choose local or kubernetes")
+    env = os.environ
+    try:
+        bw_text = opts.bandwidth or env.get(ENV_BANDWIDTH)
+        bandwidth = advisor.parse_bandwidth(bw_text) if bw_text else advisor.DEFAULT_BANDWIDTH[backend]
+    except ValueError as exc:
+        raise UsageError(f"%tfdist plan: {exc}") from None
+    for flag, value in (("--nodes", opts.nodes), ("--gpus-per-node", opts.gpus_per_node)):
+        if value is not None and value < 1:
+            raise UsageError(f"%tfdist plan: {flag} must be at least 1 (got {value})")
+    if opts.workers is not None and opts.workers < 1:
+        raise UsageError(f"%tfdist plan: --workers must be at least 1 (got {opts.workers})")
+    gpus = opts.gpus_per_node or int(env.get(ENV_GPUS_PER_NODE) or 0) or (settings.gpus or 0)
+    if backend == "local":
+        cores = usable_cores()
+        hw = advisor.Hardware(
+            nodes=1,
+            devices_per_node=max(1, gpus),
+            bandwidth=bandwidth,
+            local_bandwidth=bandwidth,
+            shared_cpu_cores=None if gpus else cores,
+        )
+        return hw, opts.workers or max(2, gpus)
+    nodes = opts.nodes or int(env.get(ENV_NODES) or 2)
+    hw = advisor.Hardware(nodes=nodes, devices_per_node=max(1, gpus), bandwidth=bandwidth)
+    return hw, opts.workers or hw.devices
+
+
+def measure(shell: Any, model: str, data: str) -> dict[str, Any]:
+    """The probe's measurement of `model` on `data`, in a subprocess with this server's thread pools."""
+    ns = shell.user_ns
+    for name, what in ((model, "model"), (data, "dataset")):
+        if name not in ns:
+            raise TfdistError(f"name {name!r} ({what}) is not defined in the notebook; nothing was started")
+    if not payload._is_keras_model(ns[model]):
+        raise TfdistError(
+            f"{model!r} is not a tf.keras (tf_keras) model ({type(ns[model]).__name__}): plan measures the "
+            "model of a fit; nothing was started"
+        )
+    if not payload._is_dataset(ns[data]):
+        raise TfdistError(
+            f"{data!r} is not a tf.data dataset ({type(ns[data]).__name__}): plan measures a batched "
+            "tf.data pipeline; nothing was started"
+        )
+    blob = payload.pack("", [model, data], ns, line_offset=0)
+    with tempfile.TemporaryDirectory(prefix="tfdist-plan-") as d:
+        bundle, out = os.path.join(d, "bundle.bin"), os.path.join(d, "probe.json")
+        with open(bundle, "wb") as f:
+            f.write(blob)
+        env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
+        env.pop("TF_CONFIG", None)
+        env |= thread_env(None, usable_cores())
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "tfdist.runtime.probe", bundle, out, model, data],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise TfdistError(
+                f"measuring {model!r} took over {PROBE_TIMEOUT_S:g}s; nothing was started"
+            ) from None
+        try:
+            with open(out) as f:
+                result = json.load(f)
+        except (OSError, ValueError):
+            tail = (proc.stderr or "").strip().splitlines()[-3:]
+            raise TfdistError(f"the model could not be measured: {' / '.join(tail)}") from None
+    if "error" in result:
+        raise TfdistError(f"the model could not be measured: {result['error']}; nothing was started")
+    return result
+
+
+def table_text(preds: list[advisor.Prediction]) -> str:
+    rows = [("layout", "steps/s", "examples/s", "epoch", "bound")]
+    for p in preds:
+        epoch = f"{p.epoch_s:.1f} s" if p.epoch_s is not None else "-"
+        rows.append((p.label, f"{p.steps_per_s:.2f}", f"{p.examples_per_s:.0f}", epoch, p.bound))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def table_html(preds: list[advisor.Prediction], best: advisor.Prediction) -> str:
+    head = "".join(f"<th>{h}</th>" for h in ("layout", "steps/s", "examples/s", "epoch", "bound"))
+    body = []
+    for p in preds:
+        style = " style='font-weight:bold'" if p is best else ""
+        epoch = f"{p.epoch_s:.1f} s" if p.epoch_s is not None else "-"
+        cells = (p.label, f"{p.steps_per_s:.2f}", f"{p.examples_per_s:.0f}", epoch, p.bound)
+        body.append(f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    return f"<table class='tfdist-plan'><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def chart_png(preds: list[advisor.Prediction]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 0.4 * len(preds) + 1))
+    ax = fig.add_subplot()
+    ax.barh([p.label for p in preds][::-1], [p.examples_per_s for p in preds][::-1], color="#4a7ab0")
+    ax.set_xlabel("predicted examples/s")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def plan(magics: Any, argv: list[str], cell: str | None) -> None:
+    opts = plan_parser().parse_args(argv)
+    if cell is not None:
+        if opts.model or opts.data:
+            raise UsageError("%%tfdist plan takes no names: it finds the fit in the cell")
+        if not cell.strip():
+            raise UsageError("the %%tfdist plan cell is empty: put the fit you want planned in it")
+        fit = find_fit(magics.shell.transform_cell(cell))
+    else:
+        if not (opts.model and opts.data):
+            raise UsageError(
+                "%tfdist plan MODEL DATASET (names in the notebook), or %%tfdist plan over a cell with "
+                "model.fit(...)"
+            )
+        fit = FitCall(opts.model, opts.data, None, None)
+    hw, workers = hardware(opts, magics.settings)
+    got = measure(magics.shell, fit.model, fit.data)
+    m = advisor.Measured(
+        step_s=got["step_s"],
+        batch=got["batch"],
+        var_bytes=tuple(got["var_bytes"]),
+        grad_bytes=got["grad_bytes"],
+        steps_per_epoch=opts.steps_per_epoch or fit.steps_per_epoch,
+    )
+    preds = advisor.plan(m, hw, workers)
+    best, why = advisor.recommend(preds)
+    shards = advisor.shard(m.var_bytes, max(p.ps for p in preds))
+    line = best.run_line()
+    if best.strategy == "allreduce":
+        line += f"   # batch the dataset {best.workers}x (global batch {best.workers * m.batch})"
+    summary = (
+        f"{fit.model}: {got['params']:,} parameters ({advisor.size(m.param_bytes)} in {len(m.var_bytes)} "
+        f"variables, the largest {advisor.size(max(m.var_bytes))}), batch {m.batch}, one step "
+        f"{m.step_s * 1000:.1f} ms on one device here; over {len(shards)} PS: "
+        + ", ".join(advisor.size(s) for s in shards)
+    )
+    where = f"{hw.nodes} node(s) x {hw.devices_per_node} device(s), {hw.bandwidth * 8 / 1e9:.3g} Gbit/s"
+    text = f"{summary}\nplanned for {workers} workers on {where}\n\n{table_text(preds)}\n\n"
+    text += f"recommended: {line}\nwhy: {why}"
+    print(text)
+    display(HTML(table_html(preds, best)))
+    display(Image(chart_png(preds)))

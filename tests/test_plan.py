@@ -1,0 +1,89 @@
+"""`%tfdist plan` / `%%tfdist plan` in a real kernel: the model is measured in a subprocess, a table, a
+chart and one recommended run line are shown, and nothing is started; bad input gets a message."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.kernels import job_processes
+
+pytestmark = pytest.mark.slow
+
+FIT = "history = model.fit(train_ds, epochs=3, steps_per_epoch=40)"
+
+
+def jobs_in(state_dir: str) -> list[str]:
+    return sorted(os.listdir(state_dir)) if os.path.isdir(state_dir) else []
+
+
+def test_plan_cell_measures_and_recommends(tf_kernel):
+    before = jobs_in(tf_kernel.state_dir)
+    r = tf_kernel.execute("%%tfdist plan --workers 2\n" + FIT, timeout=240)
+    assert r.error is None, r.error_text
+    text = r.text
+    assert "model: 4,810 parameters" in text  # 64x64 + 64 + 64x10 + 10
+    assert "batch 64" in text
+    for label in ("1 worker", "2 workers, 1 PS", "2 workers, 2 PS", "all-reduce, 2 workers"):
+        assert label in text, text
+    assert "recommended: %%tfdist run " in text and "why: " in text
+    assert {"text/html", "image/png"} <= r.mimetypes()
+    # a tiny model on this server's shared cores: the plan does not recommend spreading it
+    assert "recommended: %%tfdist run --workers 1 --ps 1" in text, text
+    assert jobs_in(tf_kernel.state_dir) == before
+    assert not job_processes()
+    # the kernel's model is untouched (measured in a copy, in another process)
+    r = tf_kernel.execute("print(model.optimizer.iterations.numpy())", timeout=30)
+    assert r.text.strip() == "0"
+
+
+def test_plan_line_magic_on_a_wide_model_names_its_size(tf_kernel):
+    r = tf_kernel.execute(
+        "wide = tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(4096, "
+        "activation='relu'), tf.keras.layers.Dense(4096, activation='relu'), tf.keras.layers.Dense(10)])\n"
+        "wide.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1), "
+        "loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))\n",
+        timeout=60,
+    )
+    assert r.error is None, r.error_text
+    r = tf_kernel.execute("%tfdist plan wide train_ds --steps-per-epoch 10", timeout=240)
+    assert r.error is None, r.error_text
+    # 64x4096 + 4096 + 4096x4096 + 4096 + 4096x10 + 10 parameters, float32
+    assert "wide: 17,088,522 parameters (68.4 MB in 6 variables, the largest 67.1 MB)" in r.text, r.text
+    # round-robin placement in creation order: every kernel on ps-0, every bias on ps-1
+    assert "over 2 PS: 68.3 MB, 32.8 kB" in r.text, r.text
+    assert "epoch" in r.text and "recommended: %%tfdist run" in r.text
+    assert not job_processes()
+
+
+BAD = [
+    ("%%tfdist plan\nx = 1\nprint(x)\n", "found no model.fit(...) call in the cell"),
+    ("%%tfdist plan\n   \n", "the %%tfdist plan cell is empty"),
+    ("%%tfdist plan\nmodel.fit(x=[1, 2], epochs=1)\n", "needs the fit's data as a notebook name"),
+    ("%%tfdist plan\nmodel.fit(nope_ds, epochs=1)\n", "name 'nope_ds' (dataset) is not defined"),
+    ("%tfdist plan", "%tfdist plan MODEL DATASET"),
+    ("%tfdist plan x train_ds", "'x' is not a tf.keras (tf_keras) model (ndarray)"),
+    ("%tfdist plan model x", "'x' is not a tf.data dataset (ndarray)"),
+    ("%tfdist plan model train_ds --bandwidth fast", "bandwidth 'fast': use e.g. 10Gbps"),
+    ("%tfdist plan model train_ds --nodes 0", "--nodes must be at least 1"),
+    ("%tfdist plan model train_ds --workers 0", "--workers must be at least 1"),
+    ("%tfdist plan model train_ds --backend slurm", "--backend 'slurm' is unknown"),
+    ("%%tfdist plan model train_ds\n" + FIT, "%%tfdist plan takes no names"),
+    ("%tfdist plan raw train_ds", "the model could not be measured"),
+]
+
+
+@pytest.mark.parametrize(("cell", "message"), BAD, ids=[c[1][:40] for c in BAD])
+def test_bad_plan_input_starts_nothing(tf_kernel, cell, message):
+    r = tf_kernel.execute(
+        "raw = tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(10)])", timeout=30
+    )
+    assert r.error is None, r.error_text
+    before = jobs_in(tf_kernel.state_dir)
+    r = tf_kernel.execute(cell, timeout=240)
+    shown = r.error_text + r.text
+    assert message in shown, shown
+    assert "Traceback (most recent call last)" not in shown
+    assert jobs_in(tf_kernel.state_dir) == before
+    assert not job_processes()
