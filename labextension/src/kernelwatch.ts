@@ -111,7 +111,7 @@ export async function markKernelLoss(
   options: IMarkOptions = {}
 ): Promise<string[]> {
   const lostAt = options.lostAt ?? Date.now() / 1000;
-  const slackS = options.slackS ?? 30;
+  const slackS = options.slackS ?? 10; // the server notices a dead kernel within a few seconds
   rememberMonitors(root);
   const outputs = Array.from(root.querySelectorAll(`[${JOB_ATTR}]`));
   const marked = await Promise.all(

@@ -106,7 +106,9 @@ export class JobsModel {
     for (const j of jobs) {
       seen.add(j.name);
       const s = this.history.get(j.name) ?? [];
-      s.push(jobUtil(j));
+      if (!TERMINAL.includes(j.state) || s.length === 0) {
+        s.push(jobUtil(j)); // a finished job's line stays as it ended instead of dropping to zero
+      }
       if (s.length > HISTORY) {
         s.splice(0, s.length - HISTORY);
       }

@@ -41,6 +41,7 @@ export function sparkline(doc: Document, series: Series, width = 80, height = 16
     line.setAttribute('points', pts.join(' '));
     line.setAttribute('fill', 'none');
     line.setAttribute('stroke', 'currentColor');
+    line.setAttribute('vector-effect', 'non-scaling-stroke');
     svg.appendChild(line);
   }
   return svg;
@@ -129,7 +130,7 @@ export function renderJobDetail(
     container.appendChild(el(doc, 'div', 'tfdist-progress', progress));
   }
   const finished = TERMINAL.includes(detail.state);
-  const tasks = el(doc, 'table', 'tfdist-tasks');
+  const tasks = el(doc, 'div', 'tfdist-tasks');
   const series = taskSeries(detail);
   const taskNames = Object.keys(detail.tasks).sort();
   for (const t of series.keys()) {
@@ -138,14 +139,20 @@ export function renderJobDetail(
     }
   }
   for (const t of taskNames) {
-    const tr = el(doc, 'tr', 'tfdist-task');
-    tr.appendChild(el(doc, 'td', 'tfdist-task-name', t));
-    tr.appendChild(el(doc, 'td', 'tfdist-task-state', detail.tasks[t]?.state ?? ''));
-    const charts = el(doc, 'td', 'tfdist-task-charts');
+    // one block per task, name and state over its charts: it fits the panel at any width
+    const row = el(doc, 'div', 'tfdist-task');
+    const head = el(doc, 'div', 'tfdist-task-head');
+    head.appendChild(el(doc, 'span', 'tfdist-task-name', t));
+    head.appendChild(el(doc, 'span', 'tfdist-task-state', detail.tasks[t]?.state ?? ''));
+    row.appendChild(head);
+    const charts = el(doc, 'div', 'tfdist-task-charts');
     for (const [dev, s] of series.get(t) ?? new Map<string, Series>()) {
-      const box = el(doc, 'span', 'tfdist-chart');
+      const box = el(doc, 'div', 'tfdist-chart');
       box.appendChild(el(doc, 'span', 'tfdist-chart-label', dev));
-      box.appendChild(sparkline(doc, s, 120, 24));
+      const spark = sparkline(doc, s, 120, 24);
+      spark.setAttribute('width', '100%'); // stretches with the panel; the line keeps its 1px stroke
+      spark.setAttribute('preserveAspectRatio', 'none');
+      box.appendChild(spark);
       // a running job's value is its last sample; a finished job's is its average over the run
       const v = finished ? mean(s) : s.length ? s[s.length - 1] : null;
       const shown = v === null ? '–' : `${finished ? 'avg ' : ''}${Math.round(v)}%`;
@@ -153,8 +160,8 @@ export function renderJobDetail(
       box.title = `${t} ${dev} utilization${finished ? ' over the run' : ', last two minutes'}`;
       charts.appendChild(box);
     }
-    tr.appendChild(charts);
-    tasks.appendChild(tr);
+    row.appendChild(charts);
+    tasks.appendChild(row);
   }
   container.appendChild(tasks);
   if (finished && series.size === 0) {
