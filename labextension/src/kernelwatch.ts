@@ -13,6 +13,7 @@ import { IJobDetail, TERMINAL } from './model';
 export const MONITOR_CLASS = 'tfdist-monitor';
 export const JOB_CLASS_PREFIX = 'tfdist-job-';
 export const BANNER_CLASS = 'tfdist-kernel-died';
+export const GONE_CLASS = 'tfdist-kernel-gone';
 /** Set on the output that held a monitor, so the banner finds it even after the widget views are gone. */
 const JOB_ATTR = 'data-tfdist-job';
 
@@ -131,6 +132,7 @@ export async function markKernelLoss(
         out.insertBefore(banner, out.firstChild);
       }
       banner.textContent = bannerText(loss, name, job);
+      out.classList.add(GONE_CLASS); // the dead kernel's widgets below are greyed: the banner is the truth
       return name;
     })
   );

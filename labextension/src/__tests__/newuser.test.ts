@@ -161,6 +161,7 @@ test('a dead kernel marks its running monitors with the final state, as text, ev
     `The kernel died: job run-a was ended: stopped (the notebook kernel went away ${EVIL}).`
   );
   assert.equal(nb.querySelector('img'), null);
+  assert.equal(nb.querySelectorAll('.tfdist-kernel-gone').length, 1, 'only the marked output is greyed');
   // a second loss updates the banner, never stacks another
   await markKernelLoss(nb, 'dead', fetchJob, { lostAt: 2000, pollMs: 1 });
   assert.equal(nb.querySelectorAll('.tfdist-kernel-died').length, 1);
