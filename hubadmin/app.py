@@ -6,6 +6,7 @@ Admins only: a logged-in user who is not a hub admin gets 403 on every route; a 
 
 from __future__ import annotations
 
+import html
 import json
 import time
 from importlib import resources
@@ -66,10 +67,14 @@ class PageHandler(_Base):
     @web.authenticated
     async def get(self) -> None:
         await self.require_admin()
-        page = resources.files("tfdist.hubadmin") / "static" / "admin.html"
+        page = (resources.files("tfdist.hubadmin") / "static" / "admin.html").read_text()
+        # the page's fetches are cookie-authenticated, not navigations: JupyterHub wants its xsrf token
+        token = html.escape(
+            self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token
+        )
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.set_header("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'")
-        self.finish(page.read_text())
+        self.finish(page.replace("{{xsrf}}", token))
 
 
 class ScriptHandler(_Base):

@@ -47,6 +47,7 @@ gpu_admin:
 NAMES = ["NVIDIA H100 80GB HBM3"] * 3
 GPU = {"profile": "gpu", "cpu": 0.5, "memory": 1, "gpus": 1, "gpu_model": "h100", "image": "local"}
 CPU = {"profile": "cpu", "cpu": 0.5, "memory": 1, "image": "local"}
+JOBS: list[subprocess.Popen[bytes]] = []  # fake supervisors, ended with the module's hub
 ADMIN_PASSWORD = "admin-" + os.urandom(20).hex()
 
 
@@ -101,6 +102,9 @@ def hub(tmp_path_factory, nvml) -> Any:
         yield h
     finally:
         h.stop()
+        for p in JOBS:
+            p.kill()
+            p.wait()
 
 
 def spawn(hub: RunningHub, user: str, options: dict[str, Any]) -> None:
@@ -139,50 +143,93 @@ def fake_running_job(hub: RunningHub, user: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, str(DOUBLES / "fake_supervisor.py"), str(d), user], stdout=subprocess.PIPE
     )
+    JOBS.append(proc)
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
     return proc
 
 
 def test_idle_gpu_server_is_warned_then_culled_and_others_are_not(hub: RunningHub, nvml: Path) -> None:
-    job = None
-    try:
-        # GPUs go out lowest index first: trainer GPU 0, worker GPU 1 (busy from the start), idler GPU 2
-        write_nvml(nvml, {"GPU-fake-0001": 80})
-        spawn(hub, "trainer", GPU)
-        job = fake_running_job(hub, "trainer")
-        spawn(hub, "worker", GPU)
-        spawn(hub, "cpuuser", CPU)
-        spawn(hub, "idler", GPU)  # last: it is warned 9 s after the service first sees it
-        assert server_get(hub, "worker", "activity")["gpus"][0]["uuid"] == "GPU-fake-0001"
+    # GPUs go out lowest index first: trainer GPU 0, worker GPU 1 (busy from the start), idler GPU 2
+    write_nvml(nvml, {"GPU-fake-0001": 80})
+    spawn(hub, "trainer", GPU)
+    fake_running_job(hub, "trainer")
+    spawn(hub, "worker", GPU)
+    spawn(hub, "cpuuser", CPU)
+    spawn(hub, "idler", GPU)  # last: it is warned 9 s after the service first sees it
+    assert server_get(hub, "worker", "activity")["gpus"][0]["uuid"] == "GPU-fake-0001"
 
-        notice = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and notice is None:
-            notice = server_get(hub, "idler", "notice")["notice"]
-            time.sleep(0.5)
-        assert notice is not None, hub.log_tail()
-        assert "will stop this server" in notice["message"] and notice["cull_at"] > time.time() - 1
-        assert "" in hub.servers("idler")
+    notice = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and notice is None:
+        notice = server_get(hub, "idler", "notice")["notice"]
+        time.sleep(0.5)
+    assert notice is not None, hub.log_tail()
+    assert "will stop this server" in notice["message"] and notice["cull_at"] > time.time() - 1
+    assert "" in hub.servers("idler")
 
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "" in hub.servers("idler"):
-            time.sleep(0.5)
-        assert "" not in hub.servers("idler"), hub.log_tail()
-        culled_at = time.time()
-        assert culled_at >= notice["cull_at"] - 1.5  # the user got the whole warning time
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "" in hub.servers("idler"):
+        time.sleep(0.5)
+    assert "" not in hub.servers("idler"), hub.log_tail()
+    culled_at = time.time()
+    assert culled_at >= notice["cull_at"] - 1.5  # the user got the whole warning time
 
-        assert server_get(hub, "cpuuser", "activity")["gpus"] == []
-        assert [j["name"] for j in server_get(hub, "trainer", "activity")["jobs_running"]] == ["train1"]
-        # the others: still there, never warned, for longer than the idle limit
-        for user in ("worker", "trainer", "cpuuser"):
-            assert hub.servers(user)[""]["ready"], user
-            assert server_get(hub, user, "notice")["notice"] is None, user
-        text = metrics(hub)
-        assert "tfdist_culler_culls_total 1" in text
-        assert 'DCGM_FI_DEV_GPU_UTIL{gpu="' in text and 'hub_user="worker"' in text
-        assert 'modelName="NVIDIA H100 80GB HBM3"' in text
-        assert 'hub_user="cpuuser"' not in text  # CPU-only servers are not this service's business
-    finally:
-        if job is not None:
-            job.kill()
-            job.wait()
+    assert server_get(hub, "cpuuser", "activity")["gpus"] == []
+    assert [j["name"] for j in server_get(hub, "trainer", "activity")["jobs_running"]] == ["train1"]
+    # the others: still there, never warned, for longer than the idle limit
+    for user in ("worker", "trainer", "cpuuser"):
+        assert hub.servers(user)[""]["ready"], user
+        assert server_get(hub, user, "notice")["notice"] is None, user
+    text = metrics(hub)
+    assert "tfdist_culler_culls_total 1" in text
+    assert 'DCGM_FI_DEV_GPU_UTIL{gpu="' in text and 'hub_user="worker"' in text
+    assert 'modelName="NVIDIA H100 80GB HBM3"' in text
+    assert 'hub_user="cpuuser"' not in text  # CPU-only servers are not this service's business
+
+
+def test_admin_page_shows_servers_live_and_refuses_non_admins(hub: RunningHub, nvml: Path) -> None:
+    """Runs after the culling test: worker (busy GPU), trainer (job) and cpuuser are still up."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.test_lab_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+
+    page_url = f"{hub.url}/services/tfdist-gpu-admin/"
+    # a user who is not a hub admin: refused, whether through the hub's OAuth or the page's own check
+    s = hub.login("worker")
+    r = s.get(page_url, timeout=30)
+    assert r.status_code == 403, (r.status_code, r.text[:300])
+    assert s.get(page_url + "api/servers", timeout=30).status_code == 403
+    r = requests.get(page_url + "metrics", timeout=10, allow_redirects=False)  # no token at all
+    assert r.status_code in (302, 403) and "DCGM" not in r.text
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 700})
+            page.goto(f"{hub.url}/hub/login")
+            page.fill("#username_input", "boss")
+            page.fill("#password_input", ADMIN_PASSWORD)
+            page.click("#login_submit")
+            page.wait_for_url("**/hub/**")
+            page.goto(page_url)
+            rows = page.locator("#servers tbody tr")
+            expect(rows).to_have_count(3, timeout=20_000)
+            worker = page.locator('#servers tr[data-server="worker/"]')
+            expect(worker.locator("td.gpus")).to_have_text("1 \u00d7 NVIDIA H100 80GB HBM3")
+            expect(worker.locator("td.util")).to_have_text("80%", timeout=10_000)
+            expect(page.locator('#servers tr[data-server="trainer/"]')).to_contain_text("train1 (running)")
+            expect(page.locator('#servers tr[data-server="cpuuser/"] td.gpus')).to_have_text("none (CPU)")
+            totals = page.locator("#totals tbody tr")
+            expect(totals).to_have_count(1)
+            expect(totals.locator("td")).to_have_text(["NVIDIA H100 80GB HBM3", "2", "1", "1"])
+            # a change on the server shows within 2 s (plus the server's 0.5 s sampling tick)
+            write_nvml(nvml, {"GPU-fake-0001": 35, "GPU-fake-0000": 60})
+            t0 = time.monotonic()
+            expect(worker.locator("td.util")).to_have_text("35%", timeout=5_000)
+            assert time.monotonic() - t0 < 2.6
+            expect(totals.locator("td")).to_have_text(["NVIDIA H100 80GB HBM3", "2", "2", "0"], timeout=5_000)
+            page.wait_for_timeout(2500)  # a few more sparkline points
+            page.screenshot(path=str(ARTIFACTS / "hub-gpu-admin.png"), full_page=True)
+        finally:
+            browser.close()

@@ -95,7 +95,8 @@ function render(data) {
 
 async function tick() {
   try {
-    const r = await fetch('api/servers', { credentials: 'same-origin' });
+    const xsrf = document.querySelector('meta[name="tfdist-xsrf"]').getAttribute('content');
+    const r = await fetch('api/servers', { credentials: 'same-origin', headers: { 'X-XSRFToken': xsrf } });
     if (!r.ok) throw new Error(r.status + ' ' + (await r.text()));
     render(await r.json());
   } catch (e) {
