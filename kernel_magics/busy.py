@@ -1,11 +1,13 @@
 """Keep JupyterLab's kernel status "busy" for the whole `%%tfdist` cell.
 
-Why it said "Idle" mid-cell: while the cell blocks the shell, the kernel still answers requests on other
-channels (the control channel: `usage_request` of jupyter-resource-usage, subshell requests, ...) and
-publishes a busy/idle pair for each, with that request as parent. JupyterLab sets its status from every
-status message whose parent type is not in the server's `untracked_message_types`, so the last word was
-"idle" while the job trained (for minutes). While the cell runs, each such "idle" is followed at once by
-"busy" with the cell's own parent; the cell's own final "idle" comes after, untouched.
+Why it said "Idle" mid-cell: while the cell blocks the main shell, the kernel still answers the control
+channel and publishes a busy/idle pair for each request, with that request as parent. When the monitor's
+widgets open, JupyterLab 4.6 (default `commsOverSubshells: perCommTarget`) asks the kernel for a subshell
+for the widget comm target: a `create_subshell_request` on the control channel, in the middle of the cell
+(jupyter-resource-usage's `usage_request` does the same). JupyterLab sets its status from every status
+message whose parent type is not in the server's `untracked_message_types`, so the last word was "idle"
+while the job trained. While the cell runs, each such "idle" is followed at once by "busy" with the cell's
+own parent; the cell's own final "idle" comes after, untouched.
 """
 
 from __future__ import annotations

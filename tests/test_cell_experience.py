@@ -38,6 +38,7 @@ class Watched:
         from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 
         self.untracked = set(MappingKernelManager.class_traits()["untracked_message_types"].default())
+        self.other_parents: set[str] = set()  # types of the other requests that published a status
         self.done = False
 
     def pump(self, seconds: float) -> None:
@@ -50,6 +51,8 @@ class Watched:
             parent = msg["parent_header"]
             if msg["msg_type"] == "status" and parent.get("msg_type") not in self.untracked:
                 self.lab_status.append((msg["content"]["execution_state"], parent.get("msg_id")))
+                if parent.get("msg_id") != self.msg_id:
+                    self.other_parents.add(parent.get("msg_type"))
             if parent.get("msg_id") != self.msg_id:
                 continue
             self.msgs.append(msg)
@@ -115,11 +118,20 @@ def test_interrupt_is_one_line_same_reason_everywhere_one_chart_and_busy_through
     try:
         view = wait_view(tf_kernel.state_dir, "cut", lambda v: v.step > 0, w)
         assert view.epoch == 0  # the heartbeat shows steps inside the first epoch, before any epoch ended
-        # jupyter-resource-usage asks on the control channel; its busy/idle must not leave JupyterLab "idle"
-        tf_kernel.kc.control_channel.send(tf_kernel.kc.session.msg("usage_request", {}))
-        w.pump(3)
+        # What JupyterLab 4.6 does when the monitor's widgets open (its default "commsOverSubshells":
+        # "perCommTarget"): a subshell for the widget comm target, asked on the control channel; and
+        # jupyter-resource-usage's usage_request. Their busy/idle must not leave JupyterLab "idle".
+        kc = tf_kernel.kc
+        asks = [kc.session.msg(t, {}) for t in ("create_subshell_request", "usage_request")]
+        for m in asks:
+            kc.control_channel.send(m)
+        answered = {("idle", m["header"]["msg_id"]) for m in asks}
+        deadline = time.time() + 60
+        while not answered <= set(w.lab_status) and time.time() < deadline:
+            w.pump(0.5)
+        w.pump(1)
         others = [s for s in w.lab_status if s[1] != w.msg_id]
-        assert others, "the control request published no status (test cannot see the problem)"
+        assert {"usage_request", "create_subshell_request"} <= w.other_parents, w.other_parents
         assert w.lab_status[-1] == ("busy", w.msg_id), w.lab_status
         pids = [p.pid for p in job_processes()]
     finally:
