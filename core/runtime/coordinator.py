@@ -42,9 +42,9 @@ class _Events:
 class _Heartbeat(threading.Thread):
     """Steps done in the running fit (Keras's own train counter), sent when they change."""
 
-    def __init__(self, model: Any, events: _Events):
+    def __init__(self, model: Any, events: _Events, recovery: Any = None):
         super().__init__(name="tfdist-heartbeat", daemon=True)
-        self.model, self.events = model, events
+        self.model, self.events, self.recovery = model, events, recovery
         self.done = threading.Event()
         self.last: int | None = None
 
@@ -53,6 +53,8 @@ class _Heartbeat(threading.Thread):
         if counter is None:
             raise AttributeError("no train counter")
         step = int(counter.numpy())
+        if self.recovery is not None:  # --checkpoint-every: a checkpoint each N steps
+            self.recovery.on_step(step)
         if step != self.last:
             self.last = step
             self.events.send({"type": "progress", "phase": "fit", "step": step, "t": time.time()})
@@ -65,7 +67,7 @@ class _Heartbeat(threading.Thread):
                 return
 
 
-def _progress_callback(events: _Events) -> Any:
+def _progress_callback(events: _Events, recovery: Any = None) -> Any:
     import tensorflow as tf
 
     class TfdistProgress(tf.keras.callbacks.Callback):
@@ -73,16 +75,18 @@ def _progress_callback(events: _Events) -> Any:
 
         def on_train_begin(self, logs=None):
             self._t0 = time.time()
+            if recovery is not None:
+                recovery.mark_start(int(self.model._train_counter.numpy()))
             events.send(
                 {
                     "type": "progress",
                     "phase": "fit",
-                    "epoch": 0,
+                    "epoch": recovery.epoch if recovery is not None else 0,
                     "step": 0,
                     "epochs": self.params.get("epochs"),
                 }
             )
-            self._beat = _Heartbeat(self.model, events)
+            self._beat = _Heartbeat(self.model, events, recovery)
             self._beat.start()
 
         def on_train_end(self, logs=None):
@@ -94,6 +98,8 @@ def _progress_callback(events: _Events) -> Any:
         def on_epoch_end(self, epoch, logs=None):
             from tfdist.runtime.events import clean_number
 
+            if recovery is not None:
+                recovery.on_epoch_end(epoch, {k: clean_number(v) for k, v in (logs or {}).items()})
             events.send(
                 {
                     "type": "progress",
@@ -109,18 +115,28 @@ def _progress_callback(events: _Events) -> Any:
     return TfdistProgress
 
 
-def _install_progress(events: _Events) -> None:
-    """Every fit in the cell reports its epochs, whatever callbacks the user passed."""
+def _install_progress(events: _Events, recovery: Any = None) -> None:
+    """Every fit in the cell reports its epochs, whatever callbacks the user passed; with
+    --checkpoint-every, the first fit checkpoints and resumes after a PS loss (runtime.psrecovery)."""
     import tensorflow as tf
 
-    cb_cls = _progress_callback(events)
     original = tf.keras.Model.fit
 
     def fit(self, *args, **kwargs):
+        rec = None
+        if recovery is not None and not recovery.used:
+            recovery.used, rec = True, recovery
         callbacks = list(kwargs.pop("callbacks", None) or [])
-        callbacks.append(cb_cls())
+        callbacks.append(_progress_callback(events, rec)())
         kwargs["callbacks"] = callbacks
-        return original(self, *args, **kwargs)
+        if rec is None:
+            return original(self, *args, **kwargs)
+        resumed = rec.attach(self)
+        start = rec.epoch if resumed is not None else 0
+        if resumed is not None:
+            kwargs["initial_epoch"] = start
+            print(f"tfdist: resumed from the checkpoint at step {resumed['step']} (epoch {start + 1})")
+        return rec.merge_history(original(self, *args, **kwargs), start)
 
     tf.keras.Model.fit = fit
 
@@ -176,7 +192,10 @@ def run(jobdir: str) -> int:
                 if kind == "keras_model":
                     models[name] = namespace[name]
         namespace["tfdist_strategy"] = strategy
-        _install_progress(events)
+        from tfdist.runtime import psrecovery
+
+        saved = psrecovery.settings()
+        _install_progress(events, psrecovery.Recovery(*saved) if saved else None)
         events.send({"type": "progress", "phase": "running"})
         with strategy.scope():
             exec(code, namespace)

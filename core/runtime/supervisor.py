@@ -27,7 +27,7 @@ from tfdist import memfit, taskenv, tf_config
 from tfdist.jobspec import JobSpec, split_gpus
 from tfdist.jobview import JobView, Reason, final_task_state, reason_for
 from tfdist.procid import ProcessId
-from tfdist.runtime import allreduce, events, history, lifeline
+from tfdist.runtime import allreduce, events, history, lifeline, psrestart
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.runtime.unixsock import short_path
 from tfdist.sampler import TaskProcess, TaskSampler
@@ -145,6 +145,7 @@ class Supervisor:
         self.stopping = asyncio.Event()
         self.sampler = TaskSampler()
         self.events_r: int | None = None
+        self.recovery = psrestart.PsRestart(self.spec, jobdir)  # --checkpoint-every: a lost PS comes back
 
     # ------------------------------------------------------------------ events
     def emit(self, ev: dict[str, Any]) -> None:
@@ -247,6 +248,16 @@ class Supervisor:
         if len(self.pending_logs) > PENDING_LOG_MAX:  # a flood between two ticks: keep the newest
             del self.pending_logs[: len(self.pending_logs) - PENDING_LOG_MAX]
 
+    async def _spawn_coordinator(self, chief: Task) -> tuple[asyncio.Future, asyncio.Future]:
+        """Start the coordinator with its events pipe; what to await for its end and for its events."""
+        r, w = os.pipe()
+        chief.env = chief.env | {"TFDIST_EVENTS_FD": str(w)}
+        await self._spawn(chief, "tfdist.runtime.coordinator", extra_fds=(w,))
+        os.close(w)
+        ev_reader = asyncio.ensure_future(self._coordinator_events(r))
+        assert chief.proc is not None
+        return asyncio.ensure_future(chief.proc.wait()), ev_reader
+
     async def _wait_listening(self, task: Task, deadline: float) -> None:
         while True:
             if task.proc is not None and task.proc.returncode is not None:
@@ -301,6 +312,8 @@ class Supervisor:
                 strategy=strategy,
             )
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+            if name == "chief-0":
+                env |= self.recovery.coordinator_env()
             self.tasks[name] = Task(name=name, port=port, env=env, gpus=gpus)
             self.emit({"type": "task", "task": name, "state": "pending", "gpus": gpus})
 
@@ -375,7 +388,8 @@ class Supervisor:
             self.request_stop(why, code)
 
     async def _watch_servers(self) -> None:
-        """Restart a worker that dies mid-fit (the coordinator re-sends its work); a PS loss is fatal."""
+        """Restart a worker that dies mid-fit (the coordinator re-sends its work); a PS loss is fatal unless
+        --checkpoint-every lets it come back (runtime.psrestart)."""
         while True:
             await asyncio.sleep(0.2)
             for task in self.tasks.values():
@@ -385,6 +399,9 @@ class Supervisor:
                 self.sampler.forget(task.name)
                 if self.spec.strategy == "allreduce":
                     self._allreduce_worker_ended(task, code)
+                    continue
+                if task.name.startswith("ps") and self.recovery.can_restart():
+                    await self.recovery.ps_lost(self, task, _ended(task, code))
                     continue
                 if task.name.startswith("worker") and task.restarts < MAX_WORKER_RESTARTS:
                     task.restarts += 1
@@ -516,13 +533,7 @@ class Supervisor:
         # The coordinator starts at once, not after the servers: importing TensorFlow takes seconds and
         # overlaps with theirs; TF's own connect retries wait for servers that are still coming up.
         chief = self.tasks["chief-0"]
-        r, w = os.pipe()
-        chief.env = chief.env | {"TFDIST_EVENTS_FD": str(w)}
-        await self._spawn(chief, "tfdist.runtime.coordinator", extra_fds=(w,))
-        os.close(w)
-        ev_reader = asyncio.ensure_future(self._coordinator_events(r))
-        assert chief.proc is not None
-        chief_wait = asyncio.ensure_future(chief.proc.wait())
+        chief_wait, ev_reader = await self._spawn_coordinator(chief)
         starting = asyncio.ensure_future(
             asyncio.gather(*(self._wait_listening(t, deadline) for t in servers))
         )
@@ -537,7 +548,11 @@ class Supervisor:
             self.emit({"type": "task", "task": "chief-0", "state": "running"})
             self.emit({"type": "state", "state": "running", "message": "training"})
             watcher = asyncio.ensure_future(self._watch_servers())
-            done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                if chief_wait not in done or not await self.recovery.should_resume(self):
+                    break
+                chief_wait, ev_reader = await self._spawn_coordinator(chief)  # resumes from its checkpoint
             watcher.cancel()
             if chief_wait not in done:
                 if self.failure:
