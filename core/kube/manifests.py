@@ -107,9 +107,9 @@ def task_host(spec: JobSpec, task: str) -> str:
 
 def cluster_spec(spec: JobSpec) -> dict[str, list[str]]:
     addrs: dict[str, list[str]] = {r: [] for r in tf_config.ROLES}
-    for task in tf_config.task_names(spec.workers, spec.ps):
+    for task in tf_config.task_names(spec.workers, spec.ps, spec.strategy):
         addrs[tf_config.split_task(task)[0]].append(f"{task_host(spec, task)}:{TF_PORT}")
-    return tf_config.cluster(addrs)
+    return tf_config.cluster(addrs, spec.strategy)
 
 
 def service(spec: JobSpec, owner: dict | None) -> dict[str, Any]:

@@ -1,0 +1,114 @@
+"""All-reduce jobs on Kubernetes as pure manifests (kwok runs no containers): golden dicts."""
+
+from __future__ import annotations
+
+import json
+
+from tfdist.jobspec import JobSpec
+from tfdist.kube import allreduce
+from tfdist.kube import manifests as mf
+
+SPEC = JobSpec(
+    name="ar",
+    user="ann",
+    workers=3,
+    ps=0,
+    strategy="allreduce",
+    gpus_per_worker=1,
+    namespace="ns",
+    image="img:1",
+)
+NODE = {"gpu": "a100"}
+TOL = [{"key": "gpu", "operator": "Exists"}]
+CLUSTER = {
+    "chief": ["ar-chief-0.ar.ns.svc:2222"],
+    "worker": ["ar-worker-0.ar.ns.svc:2222", "ar-worker-1.ar.ns.svc:2222"],
+}
+ENV = [
+    {"name": "TFDIST_STRATEGY", "value": "allreduce"},
+    {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
+    {"name": "TF_USE_LEGACY_KERAS", "value": "1"},
+    {"name": "PYTHONUNBUFFERED", "value": "1"},
+    {"name": "TFDIST_CLUSTER", "value": json.dumps(CLUSTER, sort_keys=True)},
+    {"name": "TFDIST_AGENT_URL", "value": "http://ar-chief-0.ar.ns.svc:8470"},
+    {"name": "TFDIST_TOKEN", "valueFrom": {"secretKeyRef": {"key": "token", "name": "ar-token"}}},
+]
+SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+LABELS = {
+    "app.kubernetes.io/managed-by": "jupyter-tfdist",
+    "app.kubernetes.io/name": "tfdist-job",
+    "tfdist.io/job": "ar",
+    "tfdist.io/role": "worker",
+    "tfdist.io/user": mf.user_label("ann"),
+}
+
+
+def test_worker_job_golden():
+    job = allreduce.worker_job(SPEC, {"kind": "Job", "uid": "r"}, node_selector=NODE, tolerations=TOL)
+    assert job["metadata"]["name"] == "ar-worker"
+    assert job["spec"] == {
+        "backoffLimit": 0,  # MWMS cannot take one replica back: a failed worker ends the job
+        "completionMode": "Indexed",
+        "completions": 2,  # replicas 1 and 2; chief-0 is replica 0
+        "parallelism": 2,
+        "ttlSecondsAfterFinished": mf.FINISHED_TTL_S,
+        "template": {
+            "metadata": {"labels": LABELS},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "containers": [
+                    {
+                        "command": ["python", "-m", "tfdist.runtime.podmain", "allreduce-worker"],
+                        "env": ENV,
+                        "image": "img:1",
+                        "name": "tensorflow",
+                        "ports": [{"containerPort": 2222, "name": "tf"}],
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        "securityContext": SECURITY,
+                    }
+                ],
+                "enableServiceLinks": False,
+                "nodeSelector": NODE,
+                "tolerations": TOL,
+                "restartPolicy": "Never",
+                "subdomain": "ar",
+            },
+        },
+    }
+
+
+def test_root_is_replica_zero_with_gpus_and_the_agent():
+    root = allreduce.root_job(SPEC, mf.owner_reference("nb", "u1"), node_selector=NODE, tolerations=TOL)
+    assert root["metadata"]["labels"][mf.L_ROOT] == "true"
+    assert json.loads(root["metadata"]["annotations"][mf.A_SPEC])["strategy"] == "allreduce"
+    pod = root["spec"]["template"]["spec"]
+    assert pod["hostname"] == "ar-chief-0" and pod["restartPolicy"] == "Never"
+    assert pod["nodeSelector"] == NODE and pod["tolerations"] == TOL
+    (c,) = pod["containers"]
+    assert c["command"] == ["python", "-m", "tfdist.runtime.podmain", "chief"]
+    assert c["env"] == ENV
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert {"containerPort": 8470, "name": "agent"} in c["ports"]
+
+
+def test_objects_have_no_ps_and_one_worker_has_no_worker_job():
+    kinds = [(o["kind"], o["metadata"]["name"]) for o in allreduce.job_objects(SPEC, token="t")]
+    assert kinds == [("Job", "ar-worker"), ("Secret", "ar-token"), ("Service", "ar"), ("NetworkPolicy", "ar")]
+    one = JobSpec(name="ar", user="ann", workers=1, ps=0, strategy="allreduce", namespace="ns", image="i")
+    assert [o["kind"] for o in allreduce.job_objects(one, token="t")] == [
+        "Secret",
+        "Service",
+        "NetworkPolicy",
+    ]
+    assert json.loads(
+        next(
+            e["value"]
+            for e in allreduce.root_job(one, None)["spec"]["template"]["spec"]["containers"][0]["env"]
+            if e["name"] == "TFDIST_CLUSTER"
+        )
+    ) == {"chief": ["ar-chief-0.ar.ns.svc:2222"]}
