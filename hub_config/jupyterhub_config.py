@@ -38,3 +38,18 @@ c.JupyterHub.named_server_limit_per_user = 3
 c.JupyterHub.consecutive_failure_limit = 5
 # GPU images are large: give the first pull time
 c.KubeSpawner.start_timeout = 600
+
+# ---- tfdist GPU admin service: GPU-idle culling (the profiles' gpu_admin section), the admin page at
+# /services/tfdist-gpu-admin/ and Prometheus metrics there (dashboard: grafana-gpu-dashboard.json).
+# z2jh: expose port 10101 of the hub (hub.service.extraPorts, hub.networkPolicy.ingress for the proxy).
+if os.environ.get("TFDIST_GPU_ADMIN", "1") != "0":
+    from tfdist.hubadmin.hubconfig import enable_gpu_admin
+
+    enable_gpu_admin(
+        c,
+        profiles=PROFILES,
+        public_url=os.environ.get("TFDIST_GPU_ADMIN_PUBLIC_URL", "http://proxy-public"),
+        ip=os.environ.get("TFDIST_GPU_ADMIN_HOST", "hub"),
+        bind_ip="0.0.0.0",
+        port=10101,
+    )

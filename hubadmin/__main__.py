@@ -9,12 +9,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import sys
 from urllib.parse import urlparse
 
 from tfdist.spawner.profiles import load_profiles_or_exit
 
 from .app import make_app
 from .service import GpuAdminState
+
+
+def _machine_gpus() -> list[str] | None:
+    """Embedded hub: this machine's GPUs as the hub's allocator sees them (NVML, CUDA_VISIBLE_DEVICES)."""
+    if os.environ.get("TFDIST_GPU_ADMIN_LOCAL_GPUS") != "1":
+        return None
+    from tfdist.gpus import visible_gpus
+
+    return [g.name for g in visible_gpus()]
 
 
 async def _main() -> None:
@@ -29,10 +40,13 @@ async def _main() -> None:
         public_url=os.environ.get("TFDIST_HUB_PUBLIC_URL", "http://127.0.0.1:8000"),
         culling=culling,
         profile_models={k: m.display_name for k, m in cfg.gpu_models.items()},
+        machine_gpus=_machine_gpus(),
     )
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tfdist-gpu-admin/")
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
-    make_app(state, prefix).listen(url.port or 80, url.hostname or "127.0.0.1")
+    make_app(state, prefix).listen(
+        url.port or 80, os.environ.get("TFDIST_GPU_ADMIN_BIND") or url.hostname or ""
+    )
     period = float(
         os.environ.get("TFDIST_GPU_ADMIN_PERIOD") or (culling.check_interval_s if culling else 30.0)
     )
@@ -47,7 +61,11 @@ async def _main() -> None:
 
 
 def main() -> None:
-    asyncio.run(_main())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the hub stops its services with SIGTERM
+    try:
+        asyncio.run(_main())
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

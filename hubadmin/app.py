@@ -7,7 +7,6 @@ Admins only: a logged-in user who is not a hub admin gets 403 on every route; a 
 from __future__ import annotations
 
 import html
-import json
 import time
 from importlib import resources
 from typing import Any
@@ -91,7 +90,7 @@ class ServersHandler(_Base):
         await self.require_admin()
         await self.state.refresh(max_age=1.5)  # "a change shows within 2 s" while someone looks
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(self.state.view()))
+        self.finish(self.state.view_json())
 
 
 class MetricsHandler(_Base):
@@ -113,6 +112,7 @@ def make_app(state: GpuAdminState, prefix: str) -> web.Application:
             (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
         ],
         gpu_admin=state,
+        compress_response=True,
         admin_cache={},
         cookie_secret=__import__("os").urandom(32),
     )

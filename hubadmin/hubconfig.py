@@ -6,6 +6,7 @@ written out in two hub configs it would drift. ``enable_gpu_admin(c, profiles=..
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -18,10 +19,29 @@ SERVICE_SCOPES = ["list:users", "read:users", "read:servers", "access:servers", 
 
 
 def enable_gpu_admin(
-    c: Any, *, profiles: str, public_url: str, port: int, ip: str = "127.0.0.1", period_s: float | None = None
+    c: Any,
+    *,
+    profiles: str,
+    public_url: str,
+    port: int,
+    ip: str = "127.0.0.1",
+    bind_ip: str | None = None,
+    period_s: float | None = None,
+    local_gpus: bool = False,
 ) -> None:
-    """Add the managed service and its role. `public_url`: how the service reaches servers (the proxy)."""
+    """Add the managed service and its role.
+
+    `public_url`: how the service reaches servers (the proxy). `ip`: how the proxy reaches the service
+    (Kubernetes: the hub's Service name, e.g. "hub"); `bind_ip`: the address it listens on when that name
+    is not one of the pod's own (Kubernetes: "0.0.0.0").
+    """
     env = {"TFDIST_PROFILES": profiles, "TFDIST_HUB_PUBLIC_URL": public_url}
+    if bind_ip:
+        env["TFDIST_GPU_ADMIN_BIND"] = bind_ip
+    if local_gpus:  # embedded hub: count this machine's free GPUs the way the allocator does
+        env["TFDIST_GPU_ADMIN_LOCAL_GPUS"] = "1"
+        if "CUDA_VISIBLE_DEVICES" in os.environ:
+            env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     if period_s is not None:
         env["TFDIST_GPU_ADMIN_PERIOD"] = str(period_s)
     services = list(c.JupyterHub.services or []) if "services" in c.JupyterHub else []

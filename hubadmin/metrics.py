@@ -71,6 +71,11 @@ def render_metrics(state: Any) -> str:
         head(name, "gauge", f"{what}, per user, profile and model.")
         for (user, profile, model), n in sorted(counts.items()):
             out.append(f"{name}{_labels({'hub_user': user, 'profile': profile, 'modelName': model})} {n}")
+    if state.machine_gpus is not None:
+        head("tfdist_gpus_free", "gauge", "GPUs of this machine no server holds, per model.")
+        for name in sorted(set(state.machine_gpus)):
+            n = max(0, state.machine_gpus.count(name) - sum(v for k, v in held.items() if k[2] == name))
+            out.append(f"tfdist_gpus_free{_labels({'modelName': name})} {n}")
     head("tfdist_server_gpu_idle_seconds", "gauge", "Seconds since any of the server's GPUs was busy.")
     out += idle_lines
     head("tfdist_culler_warnings_total", "counter", "Idle warnings sent to users.")

@@ -27,7 +27,7 @@ __all__ = ["GpuAdminState", "ServerRecord"]
 log = logging.getLogger("tfdist.hubadmin")
 
 HISTORY_S = 3600.0  # the admin page's sparklines
-SPARK_POINTS = 120
+SPARK_POINTS = 60
 
 
 @dataclass
@@ -39,6 +39,7 @@ class ServerRecord:
     url: str  # path on the proxy, e.g. /user/alice/
     gpus: list[dict[str, Any]] = field(default_factory=list)
     history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4000))
+    points: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4000))
     idle_s: float | None = None
     jobs_running: list[dict[str, Any]] = field(default_factory=list)
     decision: Decision | None = None
@@ -56,17 +57,24 @@ class ServerRecord:
     def last_mem(self) -> list[float | None]:
         return list(self.history[-1][2]) if self.history else [None] * len(self.gpus)
 
-    def spark(self, now: float) -> dict[str, list[list[float | None]]]:
-        """Max utilization and memory used (MiB, summed) over the server's GPUs, at most SPARK_POINTS."""
-        pts = [h for h in self.history if h[0] >= now - HISTORY_S]
-        step = max(1, len(pts) // SPARK_POINTS)
-        util, mem = [], []
-        for t, u, m in pts[::step]:
-            us = [x for x in u if x is not None]
-            ms = [x for x in m if x is not None]
-            util.append([t, max(us) if us else None])
-            mem.append([t, sum(ms) if ms else None])
-        return {"util": util, "mem": mem}
+    def add(self, t: float, utils: list[float | None], mems: list[float | None]) -> None:
+        """One sample; the sparkline's point (max utilization, summed memory) is made here, once."""
+        self.history.append((t, utils, mems))
+        us = [x for x in utils if x is not None]
+        ms = [x for x in mems if x is not None]
+        self.points.append((t, max(us) if us else None, sum(ms) if ms else None))
+
+    def spark(self, now: float) -> dict[str, list[float | None]]:
+        """Times, max utilization and memory used (MiB, summed over GPUs) for the last hour, at most
+        SPARK_POINTS each: three flat lists keep 200 servers' JSON small."""
+        cut = now - HISTORY_S
+        pts = [p for p in self.points if p[0] >= cut]
+        pts = pts[:: max(1, -(-len(pts) // SPARK_POINTS))]
+        return {
+            "t": [round(p[0]) for p in pts],
+            "util": [None if p[1] is None else round(p[1], 1) for p in pts],
+            "mem": [None if p[2] is None else round(p[2]) for p in pts],
+        }
 
 
 class GpuAdminState:
@@ -80,6 +88,7 @@ class GpuAdminState:
         public_url: str,
         culling: CullingConfig | None,
         profile_models: dict[str, str] | None = None,
+        machine_gpus: list[str] | None = None,
         concurrency: int = 16,
     ) -> None:
         self.api_url = api_url.rstrip("/")
@@ -87,6 +96,8 @@ class GpuAdminState:
         self.public_url = public_url.rstrip("/")
         self.culling = culling
         self.model_names = profile_models or {}  # gpu model key -> display name
+        # embedded hub: the NVML names of this machine's GPUs (free = these - held); None on Kubernetes
+        self.machine_gpus = machine_gpus
         self.servers: dict[str, ServerRecord] = {}
         self.last_refresh = 0.0
         self.last_cull_check = 0.0
@@ -186,7 +197,7 @@ class GpuAdminState:
             rec.jobs_running = rep.get("jobs_running") or []
             for t, u, m in rep.get("samples") or []:
                 if last_t is None or t > last_t:
-                    rec.history.append((t, u, m))
+                    rec.add(t, u, m)
             if cull_due:
                 await self._cull_step(rec, rule, rep)
             self.check_seconds_total += time.perf_counter() - t0
@@ -240,6 +251,16 @@ class GpuAdminState:
 
     # ---- views ------------------------------------------------------------------------------------
 
+    def view_json(self) -> str:
+        """`view()` as JSON, built once per round and at most once a second, however many admins look."""
+        key = self.last_refresh
+        cached = getattr(self, "_view_cache", None)
+        if cached and cached[0] == key and time.monotonic() - cached[1] < 1.0:
+            return cached[2]
+        body = json.dumps(self.view())
+        self._view_cache = (key, time.monotonic(), body)
+        return body
+
     def view(self) -> dict[str, Any]:
         """The admin page's data: one row per server and totals per GPU model."""
         now = time.time()
@@ -275,6 +296,12 @@ class GpuAdminState:
                     "error": rec.error,
                     "spark": rec.spark(now),
                 }
+            )
+        for name in self.machine_gpus or []:
+            totals.setdefault(name, {"model": name, "held": 0, "busy": 0})
+        for t in totals.values():
+            t["free"] = (
+                None if self.machine_gpus is None else max(0, self.machine_gpus.count(t["model"]) - t["held"])
             )
         return {
             "now": now,

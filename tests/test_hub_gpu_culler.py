@@ -77,7 +77,9 @@ c.Spawner.environment = {{
     "TFDIST_GPU_ACTIVITY_INTERVAL": "0.5",
 }}
 enable_gpu_admin(c, profiles=c.TfdistLocalSpawner.profiles_file,
-                 public_url=f"http://127.0.0.1:{{c.JupyterHub.port}}", port=_fp(), period_s=1)
+                 public_url=f"http://127.0.0.1:{{c.JupyterHub.port}}", port=_fp(), period_s=1,
+                 local_gpus=True)
+c.JupyterHub.services[-1]["environment"].update(c.Spawner.environment)  # the service counts free GPUs
 c.JupyterHub.load_roles[0]["scopes"].append("access:services")
 c.SharedPasswordAuthenticator.admin_password = {ADMIN_PASSWORD!r}
 c.Authenticator.admin_users = {{"boss"}}
@@ -180,8 +182,13 @@ def test_idle_gpu_server_is_warned_then_culled_and_others_are_not(hub: RunningHu
     for user in ("worker", "trainer", "cpuuser"):
         assert hub.servers(user)[""]["ready"], user
         assert server_get(hub, user, "notice")["notice"] is None, user
+    deadline = time.monotonic() + 15  # the metrics may be up to 5 s old
     text = metrics(hub)
+    while 'hub_user="idler"' in text and time.monotonic() < deadline:
+        time.sleep(1)
+        text = metrics(hub)
     assert "tfdist_culler_culls_total 1" in text
+    assert 'tfdist_gpus_free{modelName="NVIDIA H100 80GB HBM3"} 1' in text  # 3 GPUs, 2 held
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="' in text and 'hub_user="worker"' in text
     assert 'modelName="NVIDIA H100 80GB HBM3"' in text
     assert 'hub_user="cpuuser"' not in text  # CPU-only servers are not this service's business
@@ -222,13 +229,15 @@ def test_admin_page_shows_servers_live_and_refuses_non_admins(hub: RunningHub, n
             expect(page.locator('#servers tr[data-server="cpuuser/"] td.gpus')).to_have_text("none (CPU)")
             totals = page.locator("#totals tbody tr")
             expect(totals).to_have_count(1)
-            expect(totals.locator("td")).to_have_text(["NVIDIA H100 80GB HBM3", "2", "1", "1"])
+            expect(totals.locator("td")).to_have_text(["NVIDIA H100 80GB HBM3", "2", "1", "1", "1"])
             # a change on the server shows within 2 s (plus the server's 0.5 s sampling tick)
             write_nvml(nvml, {"GPU-fake-0001": 35, "GPU-fake-0000": 60})
             t0 = time.monotonic()
             expect(worker.locator("td.util")).to_have_text("35%", timeout=5_000)
             assert time.monotonic() - t0 < 2.6
-            expect(totals.locator("td")).to_have_text(["NVIDIA H100 80GB HBM3", "2", "2", "0"], timeout=5_000)
+            expect(totals.locator("td")).to_have_text(
+                ["NVIDIA H100 80GB HBM3", "2", "2", "0", "1"], timeout=5_000
+            )
             page.wait_for_timeout(2500)  # a few more sparkline points
             page.screenshot(path=str(ARTIFACTS / "hub-gpu-admin.png"), full_page=True)
         finally:

@@ -17,19 +17,19 @@ function fmtDuration(s) {
   return (s / 3600).toFixed(1) + ' h';
 }
 
-function spark(points, maxValue, color) {
+function spark(times, values, maxValue, color) {
   const w = 160, h = 28;
   const svg = document.createElementNS(SVG, 'svg');
   svg.setAttribute('class', 'spark');
   svg.setAttribute('width', String(w));
   svg.setAttribute('height', String(h));
-  const vals = points.filter(p => p[1] !== null);
-  if (vals.length === 0) return svg;
-  const t0 = points[0][0], t1 = points[points.length - 1][0];
-  const top = maxValue || Math.max(1, ...vals.map(p => p[1]));
+  const pts = times.map((t, i) => [t, values[i]]).filter(p => p[1] !== null);
+  if (pts.length === 0) return svg;
+  const t0 = times[0], t1 = times[times.length - 1];
+  const top = maxValue || Math.max(1, ...pts.map(p => p[1])) * 1.1;
   const span = Math.max(1e-9, t1 - t0);
-  const d = vals.map((p, i) => {
-    const x = points.length === 1 ? w : ((p[0] - t0) / span) * (w - 2) + 1;
+  const d = pts.map((p, i) => {
+    const x = times.length === 1 ? w : ((p[0] - t0) / span) * (w - 2) + 1;
     const y = h - 2 - (Math.min(p[1], top) / top) * (h - 4);
     return (i ? 'L' : 'M') + x.toFixed(1) + ' ' + y.toFixed(1);
   }).join(' ');
@@ -39,6 +39,10 @@ function spark(points, maxValue, color) {
   path.setAttribute('stroke', color);
   path.setAttribute('stroke-width', '1.5');
   svg.appendChild(path);
+  const title = document.createElementNS(SVG, 'title');
+  const last = pts[pts.length - 1][1];
+  title.textContent = maxValue ? 'now ' + last + '%' : 'now ' + Math.round(last) + ' MiB';
+  svg.appendChild(title);
   return svg;
 }
 
@@ -57,6 +61,7 @@ function render(data) {
     cell(tr, t.held, 'num');
     cell(tr, t.busy, 'num');
     cell(tr, t.held - t.busy, 'num');
+    cell(tr, t.free === null || t.free === undefined ? '—' : t.free, 'num');
     totals.appendChild(tr);
   }
   const body = document.querySelector('#servers tbody');
@@ -69,8 +74,8 @@ function render(data) {
     cell(tr, s.profile || '—');
     const names = s.gpus.length ? s.gpus.length + ' × ' + (s.gpus[0].name || s.gpu_model || '?') : 'none (CPU)';
     cell(tr, names, s.gpus.length ? 'gpus' : 'gpus muted');
-    cell(tr).appendChild(spark(s.spark.util, 100, '#1f77b4'));
-    cell(tr).appendChild(spark(s.spark.mem, 0, '#2ca02c'));
+    cell(tr).appendChild(spark(s.spark.t, s.spark.util, 100, '#1f77b4'));
+    cell(tr).appendChild(spark(s.spark.t, s.spark.mem, 0, '#2ca02c'));
     const now = s.util.map(u => (u === null ? '—' : Math.round(u) + '%')).join(' ');
     cell(tr, s.gpus.length ? now : '—', 'num util');
     cell(tr, s.gpus.length ? fmtDuration(s.idle_s) : '—', 'num');
