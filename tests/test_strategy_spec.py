@@ -46,6 +46,11 @@ def test_task_count_and_ps_defaults():
             "--checkpoint-every is for --strategy ps",
         ),
         ({"checkpoint_every": 0}, "--checkpoint-every must be a positive number of steps"),
+        (
+            {"strategy": "allreduce", "ps": 0, "backend": "kubernetes"},
+            "--strategy allreduce runs on the local backend only for now",
+        ),
+        ({"checkpoint_every": 10, "backend": "kubernetes"}, "--checkpoint-every needs storage every task"),
         ({"checkpoint_every": -3}, "--checkpoint-every must be a positive number of steps"),
         ({"checkpoint_every": 2.5}, "--checkpoint-every must be a positive number of steps"),
         ({"checkpoint_every": True}, "--checkpoint-every must be a positive number of steps"),
