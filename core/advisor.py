@@ -26,13 +26,23 @@ The model (README, "How `%tfdist plan` predicts"):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 DEFAULT_BANDWIDTH = {"kubernetes": 10 * GBIT, "local": 2e9}  # 10 GbE; loopback gRPC (serialising)
 DEFAULT_LOCAL_BANDWIDTH = {"kubernetes": 10e9, "local": 2e9}  # within a node (PCIe / memory copies)
-PS_STEP_OVERHEAD_S = 0.004
-ALLREDUCE_STEP_OVERHEAD_S = 0.002
+# TensorFlow's CPU collectives (MultiWorkerMirroredStrategy without NCCL: a gRPC ring in small packs) moved
+# a 68 MB gradient at ~35 MB/s on this project's 2-core CI machine (benchmarks/bench_advisor.py), far
+# below what the same loopback carries for PS pulls and pushes; GPUs use NCCL at the network's speed.
+DEFAULT_CPU_ALLREDUCE_BANDWIDTH = 3.5e7
+# Fixed costs per step, measured with benchmarks/bench_advisor.py on this project's 2-core CI machine (a
+# tiny model, where nothing else counts): a PS worker's step pays RPC round trips and the closure's
+# scheduling; the coordinator dispatches steps one at a time (Python, serial), more so with more PS; an
+# all-reduce step pays the collective's launch over gRPC and Keras's per-step work.
+PS_STEP_LATENCY_S = 0.0156
+PS_DISPATCH_S = 0.0238
+PS_DISPATCH_PER_EXTRA_PS_S = 0.0047
+ALLREDUCE_STEP_OVERHEAD_S = 0.028
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class Measured:
     var_bytes: tuple[int, ...]  # every variable the PS would hold, in creation order
     grad_bytes: int | None = None  # trainable variables only (what all-reduce moves); None: all of them
     steps_per_epoch: int | None = None
+    cores_used: float | None = None  # CPU time / wall time of the measured steps (None: all of them)
 
     @property
     def param_bytes(self) -> int:
@@ -61,7 +72,10 @@ class Hardware:
     bandwidth: float = DEFAULT_BANDWIDTH["kubernetes"]  # bytes/s per node NIC and direction
     local_bandwidth: float = DEFAULT_LOCAL_BANDWIDTH["kubernetes"]  # bytes/s within a node
     shared_cpu_cores: int | None = None  # local CPU job: workers share these cores (None: own devices)
-    ps_overhead_s: float = PS_STEP_OVERHEAD_S
+    allreduce_bandwidth: float | None = None  # all-reduce's own rate where it differs (CPU collectives)
+    ps_overhead_s: float = PS_STEP_LATENCY_S  # per worker step
+    ps_dispatch_s: float = PS_DISPATCH_S  # per step at the coordinator, one at a time
+    ps_dispatch_per_ps_s: float = PS_DISPATCH_PER_EXTRA_PS_S
     allreduce_overhead_s: float = ALLREDUCE_STEP_OVERHEAD_S
 
     @property
@@ -84,7 +98,7 @@ class Prediction:
     @property
     def label(self) -> str:
         if self.strategy == "single":
-            return "1 worker"
+            return "1 worker, 1 PS"
         if self.strategy == "ps":
             return f"{self.workers} workers, {self.ps} PS"
         return f"all-reduce, {self.workers} workers"
@@ -116,12 +130,13 @@ def size(n: float) -> str:
 def _compute_s(m: Measured, hw: Hardware, workers: int, per_worker_batch_share: float) -> float:
     t = m.step_s * per_worker_batch_share
     if hw.shared_cpu_cores is not None:  # a CPU server: the workers' compute time-slices its cores
-        t *= max(1.0, workers / max(1, hw.devices_per_node))
+        used = m.cores_used if m.cores_used is not None else hw.shared_cpu_cores
+        t *= max(1.0, workers * min(used, hw.shared_cpu_cores) / hw.shared_cpu_cores)
     return t
 
 
 def _compute_bound(hw: Hardware, workers: int) -> str:
-    shared = hw.shared_cpu_cores is not None and workers > hw.devices_per_node
+    shared = hw.shared_cpu_cores is not None and workers > 1
     return f"shared CPU ({hw.shared_cpu_cores} cores)" if shared else "compute"
 
 
@@ -130,8 +145,10 @@ def _epoch(m: Measured, steps_per_s: float) -> float | None:
 
 
 def predict_single(m: Measured, hw: Hardware) -> Prediction:
-    t = m.step_s
-    return Prediction("single", 1, 0, 1 / t, m.batch / t, _epoch(m, 1 / t), "compute", phases={"compute": t})
+    """One worker with one PS on its node: what `%%tfdist run --workers 1 --ps 1` does."""
+    p = predict_ps(m, replace(hw, nodes=1), 1, 1)
+    p.strategy = "single"
+    return p
 
 
 def _phase_s(m: Measured, hw: Hardware, workers: int, ps: int) -> tuple[float, str, str]:
@@ -164,11 +181,14 @@ def predict_ps(m: Measured, hw: Hardware, workers: int, ps: int) -> Prediction:
     compute = _compute_s(m, hw, workers, 1.0)
     phase, link, why = _phase_s(m, hw, workers, ps)
     step = compute + 2 * phase + hw.ps_overhead_s
-    steps = workers / step
-    if compute >= 2 * phase + hw.ps_overhead_s:
+    dispatch = hw.ps_dispatch_s + hw.ps_dispatch_per_ps_s * (ps - 1)
+    steps = min(workers / step, 1 / dispatch)
+    if 1 / dispatch < workers / step:
+        bound = "coordinator dispatch"
+    elif compute >= 2 * phase + hw.ps_overhead_s:
         bound = _compute_bound(hw, workers)
     else:
-        bound = "dispatch" if hw.ps_overhead_s > 2 * phase else link
+        bound = "step latency" if hw.ps_overhead_s > 2 * phase else link
     return Prediction(
         "ps",
         workers,
@@ -194,6 +214,8 @@ def predict_allreduce(m: Measured, hw: Hardware, workers: int) -> Prediction:
         t_nic = moved / hw.bandwidth if hw.nodes > 1 else 0.0
         t_local = moved / hw.local_bandwidth if hw.devices_per_node > 1 or hw.nodes == 1 else 0.0
         comm = max(t_nic, t_local)
+        if hw.allreduce_bandwidth:
+            comm = max(comm, moved / hw.allreduce_bandwidth)
     step = compute + comm + (hw.allreduce_overhead_s if workers > 1 else 0.0)
     examples = workers * m.batch / step
     bound = _compute_bound(hw, workers) if compute >= comm else "network"
@@ -231,10 +253,11 @@ def plan(m: Measured, hw: Hardware, workers: int | None = None) -> list[Predicti
 
 
 def recommend(preds: list[Prediction]) -> tuple[Prediction, str]:
-    """The fastest candidate (by examples/s; fewer tasks within 5 %) and one sentence saying why."""
+    """The fastest candidate (by examples/s; within 5 %: one worker, else fewer tasks) and one sentence
+    saying why."""
     best_rate = max(p.examples_per_s for p in preds)
     near = [p for p in preds if p.examples_per_s >= 0.95 * best_rate]
-    best = min(near, key=lambda p: (p.workers + p.ps, p.strategy != "allreduce"))
+    best = min(near, key=lambda p: (p.strategy != "single", p.workers + p.ps, p.strategy != "allreduce"))
     single = preds[0]
     ps_best = max((p for p in preds if p.strategy == "ps"), key=lambda p: p.examples_per_s, default=None)
     speed = best.examples_per_s / single.examples_per_s
@@ -242,7 +265,7 @@ def recommend(preds: list[Prediction]) -> tuple[Prediction, str]:
         worst = ps_best or best
         detail = f": {worst.detail}" if worst.bound in ("PS bandwidth", "network") else ""
         reason = (
-            f"one worker is fastest: distributing does not pay ({worst.label}: "
+            f"one worker: distributing does not pay ({worst.label}: "
             f"{worst.examples_per_s / single.examples_per_s:.2f}x, {worst.bound} bound{detail})"
         )
     elif best.strategy == "allreduce":

@@ -115,6 +115,7 @@ def hardware(opts: argparse.Namespace, settings: Any) -> tuple[advisor.Hardware,
             bandwidth=bandwidth,
             local_bandwidth=bandwidth,
             shared_cpu_cores=None if gpus else cores,
+            allreduce_bandwidth=None if gpus else advisor.DEFAULT_CPU_ALLREDUCE_BANDWIDTH,
         )
         return hw, opts.workers or max(2, gpus)
     nodes = opts.nodes or int(env.get(ENV_NODES) or 2)
@@ -228,6 +229,7 @@ def plan(magics: Any, argv: list[str], cell: str | None) -> None:
         var_bytes=tuple(got["var_bytes"]),
         grad_bytes=got["grad_bytes"],
         steps_per_epoch=opts.steps_per_epoch or fit.steps_per_epoch,
+        cores_used=got.get("cores_used"),
     )
     preds = advisor.plan(m, hw, workers)
     best, why = advisor.recommend(preds)

@@ -36,6 +36,7 @@ def measure(model: Any, dataset: Any) -> dict[str, Any]:
     for _ in range(WARMUP_STEPS):  # the first traces the step function
         fn(it)
     times: list[float] = []
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     t_end = time.perf_counter() + MAX_MEASURE_S
     while len(times) < MAX_STEPS and (len(times) < 5 or time.perf_counter() < t_end):
         t0 = time.perf_counter()
@@ -43,11 +44,13 @@ def measure(model: Any, dataset: Any) -> dict[str, Any]:
         for v in out.values():  # wait for the step's result, not just its dispatch
             v.numpy()
         times.append(time.perf_counter() - t0)
+    cores_used = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
     times.sort()
     variables = list(model.variables)
     return {
         "step_s": times[len(times) // 2],
         "steps_timed": len(times),
+        "cores_used": round(cores_used, 2),
         "batch": batch,
         "var_bytes": [int(v.shape.num_elements() * v.dtype.size) for v in variables],
         "var_names": [v.name for v in variables],
