@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,32 @@ def test_decisions() -> None:
     assert decide(allow, rep(300 * 60, jobs=1), now - 1, now).action == "cull"
     # no warning time: stop at once
     assert decide(CullingRule(idle_minutes=1, warn_minutes=0), rep(60), None, now).action == "cull"
+
+
+@pytest.mark.parametrize("flag", [None, "--no-gpu-admin"])
+def test_local_hub_runs_the_gpu_admin_service_unless_told_not_to(tmp_path: Path, flag: str | None) -> None:
+    import requests
+
+    from tests.hub_fixtures import start_local_hub_command
+
+    hub = start_local_hub_command(tmp_path, *([flag] if flag else []))
+    try:
+        url = f"{hub.url}/services/tfdist-gpu-admin/"
+        deadline = time.monotonic() + 30
+        r = requests.get(url, allow_redirects=False, timeout=10)
+        while flag is None and r.status_code != 302 and time.monotonic() < deadline:
+            time.sleep(0.5)  # the proxy route is added once the service answers
+            r = requests.get(url, allow_redirects=False, timeout=10)
+        if flag is None:
+            # the admin page asks for a hub login (OAuth), metrics too: nothing is open to anonymous callers
+            assert r.status_code == 302 and "oauth2/authorize" in r.headers["Location"], (
+                r.status_code,
+                r.text,
+            )
+            m = requests.get(url + "metrics", allow_redirects=False, timeout=10)
+            assert m.status_code in (302, 403) and "DCGM" not in m.text
+        else:
+            # no such service: the hub answers for the path itself, and no OAuth client of the service exists
+            assert "client_id=service-tfdist-gpu-admin" not in r.headers.get("Location", ""), r.headers
+    finally:
+        hub.stop()
