@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tfdist.hubadmin.config import GpuAdmin
+from tfdist.spawner.mig import check_mig_resource
 
 __all__ = [
     "ANY_GROUP",
@@ -125,6 +126,11 @@ class GpuModel(_Strict):
     tolerations: list[Toleration] = Field(default_factory=list)
     #: embedded mode: a regex that must fully match the NVML device name, e.g. "NVIDIA H100.*"
     nvml_name: str = ".*"
+
+    @field_validator("resource")
+    @classmethod
+    def _known_mig(cls, v: str) -> str:
+        return check_mig_resource(v)  # nvidia.com/mig-<profile>: a profile NVIDIA's GPUs have
 
     @field_validator("nvml_name")
     @classmethod

@@ -216,3 +216,41 @@ def test_local_hub_runs_the_gpu_admin_service_unless_told_not_to(tmp_path: Path,
             assert "client_id=service-tfdist-gpu-admin" not in r.headers.get("Location", ""), r.headers
     finally:
         hub.stop()
+
+
+MIG_BASE = """
+gpu_models:
+  slice: {display_name: "A100 1g.10gb", resource: "RESOURCE"}
+profiles:
+  - slug: mig
+    display_name: MIG
+    groups: ["*"]
+    cpu: {min: 1, max: 2, default: 1}
+    memory_gib: {min: 1, max: 4, default: 1}
+    gpus: {min: 0, max: 1, default: 1}
+    gpu_models: [slice]
+    images: [local]
+"""
+
+
+@pytest.mark.parametrize(
+    ("resource", "reason"),
+    [
+        ("nvidia.com/mig-1g.10g", "'1g.10g' is not a MIG profile name (like 1g.10gb)"),
+        ("nvidia.com/mig-9g.99gb", "'9g.99gb' is not a MIG profile name"),
+        ("nvidia.com/mig-2g.11gb", "'2g.11gb' is an unknown MIG profile; known MIG profiles: A30:"),
+    ],
+)
+def test_unknown_mig_profile_names_file_key_and_reason(tmp_path: Path, resource: str, reason: str) -> None:
+    p = tmp_path / "profiles.yaml"
+    p.write_text(MIG_BASE.replace("RESOURCE", resource))
+    with pytest.raises(ProfilesFileError) as e:
+        load_profiles(p)
+    assert f"{p}: gpu_models.slice.resource: {reason}" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("profile", ["1g.10gb", "1g.5gb", "3g.71gb", "7g.80gb"])
+def test_known_mig_profiles_are_gpu_models(tmp_path: Path, profile: str) -> None:
+    p = tmp_path / "profiles.yaml"
+    p.write_text(MIG_BASE.replace("RESOURCE", f"nvidia.com/mig-{profile}"))
+    assert load_profiles(p).gpu_models["slice"].resource == f"nvidia.com/mig-{profile}"
