@@ -74,9 +74,9 @@ def missing_binaries(bin_dir: Path) -> list[str]:
     return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
 
 
-def free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return s.getsockname()[1]
 
 
@@ -95,8 +95,9 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 # --------------------------------------------------------------------------------------------- PKI
 
 
-def _write_pki(d: Path) -> None:
-    """CA, apiserver serving cert (IP SAN 127.0.0.1), service-account signing key pair (EC P-256)."""
+def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
+    """CA, apiserver serving cert (IP SAN 127.0.0.1 and ``extra_ips``), service-account signing key pair
+    (EC P-256)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -150,6 +151,7 @@ def _write_pki(d: Path) -> None:
         x509.DNSName("kubernetes.default"),
         x509.DNSName("kubernetes.default.svc"),
         x509.DNSName("kubernetes.default.svc.cluster.local"),
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
     ]
     srv = (
         x509.CertificateBuilder()
@@ -209,11 +211,28 @@ class ControlPlane:
 
     Attributes once started: ``kubeconfig`` (admin kubeconfig path), ``server`` (https URL),
     ``token`` (admin bearer token, group system:masters), ``ca_file``, ``workdir``, ``start_seconds``.
+
+    The real-node cluster (tests/realnode.py) passes ``address`` (the apiserver binds and advertises it, so
+    the ``kubernetes`` Service gets an endpoint pods can reach), a fixed ``apiserver_port`` and ``workdir``,
+    and ``detach`` (the processes outlive this Python process: no PDEATHSIG, no atexit stop).
     """
 
-    def __init__(self, bin_dir: str | os.PathLike | None = None, kwok_dir: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        bin_dir: str | os.PathLike | None = None,
+        kwok_dir: str | os.PathLike | None = None,
+        *,
+        address: str = "127.0.0.1",
+        apiserver_port: int | None = None,
+        workdir: str | os.PathLike | None = None,
+        detach: bool = False,
+    ):
         self.bin_dir = Path(bin_dir) if bin_dir else find_bin_dir()
         self.kwok_dir = Path(kwok_dir) if kwok_dir else KWOK_DIR
+        self.address = address
+        self.apiserver_port = apiserver_port
+        self.fixed_workdir = Path(workdir) if workdir else None
+        self.detach = detach
         self.workdir: Path | None = None
         self.procs: dict[str, subprocess.Popen] = {}
         self.ports: dict[str, int] = {}
@@ -230,7 +249,8 @@ class ControlPlane:
             raise ControlPlaneError(f"missing binaries in {self.bin_dir}: {missing} (run scripts/build-k8s)")
         t0 = time.monotonic()
         deadline = t0 + timeout
-        atexit.register(self.stop)
+        if not self.detach:
+            atexit.register(self.stop)
         try:
             self._prepare()
             self._spawn("etcd")
@@ -418,11 +438,17 @@ class ControlPlane:
 
     def _prepare(self) -> None:
         self._sweep_stale_workdirs()
-        self.workdir = Path(tempfile.mkdtemp(prefix="tfdist-k8s-"))
+        if self.fixed_workdir:
+            self.fixed_workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.workdir = self.fixed_workdir
+        else:
+            self.workdir = Path(tempfile.mkdtemp(prefix="tfdist-k8s-"))
         d = self.workdir
-        (d / "owner.pid").write_text(str(os.getpid()))
+        if not self.detach:
+            (d / "owner.pid").write_text(str(os.getpid()))
         pki = d / "pki"
-        _write_pki(pki)
+        loopback = ipaddress.ip_address(self.address).is_loopback
+        _write_pki(pki, () if loopback else (self.address,))
         self.ca_file = str(pki / "ca.crt")
         self.token = secrets.token_hex(16)
         kcm_token, sched_token, kwok_token = (secrets.token_hex(16) for _ in range(3))
@@ -435,7 +461,8 @@ class ControlPlane:
         )
         for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
             self.ports[name] = free_port()
-        self.server = f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+        self.ports["kube-apiserver"] = self.apiserver_port or free_port(self.address)
+        self.server = f"https://{self.address}:{self.ports['kube-apiserver']}"
         self._ssl = ssl.create_default_context(cafile=self.ca_file)
 
         def kubeconfig(path: Path, user: str, token: str) -> str:
@@ -478,11 +505,12 @@ class ControlPlane:
             ],
             "kube-apiserver": [
                 f"--etcd-servers={client}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={p['kube-apiserver']}",
-                # Without it the apiserver tries to write a loopback IP into the kubernetes Endpoints.
-                "--endpoint-reconciler-type=none",
+                # Without it the apiserver tries to write a loopback IP into the kubernetes Endpoints. A
+                # real address gets the endpoint (the real node's pods reach the API through the Service).
+                f"--endpoint-reconciler-type={'none' if loopback else 'lease'}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
@@ -547,7 +575,7 @@ class ControlPlane:
                 start_new_session=True,
                 # PDEATHSIG fires when the spawning *thread* exits, so only from the main thread (a plane
                 # restarted via asyncio.to_thread would otherwise die with the executor's worker thread).
-                preexec_fn=_die_with_parent if in_main_thread else None,
+                preexec_fn=_die_with_parent if in_main_thread and not self.detach else None,
             )
         finally:
             log.close()

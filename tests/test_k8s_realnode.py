@@ -1,0 +1,322 @@
+"""The one-machine cluster's node is real: pods run in containers (containerd + runc), cluster DNS answers
+inside pods, NetworkPolicy is enforced (kube-router), pods reach the API server through the `kubernetes`
+Service (kube-proxy), and `scripts/cluster down` leaves nothing behind even after kill -9 of everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import realnode
+
+if "tests.realnode_fixtures" not in sys.modules:
+    from tests.realnode_fixtures import real_cluster, real_ns  # noqa: F401
+
+pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_pod_runs_to_succeeded_in_a_container(real_cluster, real_ns):
+    script = (
+        "import os, platform; print('hello from', platform.node(), 'pid', os.getpid(), "
+        "'root', os.path.exists('/etc/debian_version'))"
+    )
+    phase, logs = real_cluster.run_to_end(real_ns, "hello", script)
+    assert phase == "Succeeded", logs
+    # PID 1 in its own PID namespace, the pod's hostname, the image's Debian root: a real container.
+    assert "hello from hello pid 1 root True" in logs
+    pod = real_cluster.get(f"/api/v1/namespaces/{real_ns}/pods/hello")
+    assert pod["spec"]["nodeName"] == realnode.NODE_NAME
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
+def test_failing_container_reports_its_exit_code(real_cluster, real_ns):
+    phase, logs = real_cluster.run_to_end(real_ns, "fails", "import sys; print('bye'); sys.exit(3)")
+    assert phase == "Failed" and "bye" in logs
+    pod = real_cluster.get(f"/api/v1/namespaces/{real_ns}/pods/fails")
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
+
+
+SERVE = "import http.server as h; h.HTTPServer(('', 8080), h.SimpleHTTPRequestHandler).serve_forever()"
+
+
+def test_headless_service_per_pod_dns_resolves_in_a_pod(real_cluster, real_ns):
+    real_cluster.request(
+        "POST",
+        f"/api/v1/namespaces/{real_ns}/services",
+        {
+            "metadata": {"name": "grp"},
+            "spec": {"clusterIP": "None", "selector": {"app": "grp"}, "ports": [{"name": "p", "port": 8080}]},
+        },
+    )
+    real_cluster.pod(
+        real_ns, "task-0", SERVE, labels={"app": "grp"}, extra={"hostname": "task-0", "subdomain": "grp"}
+    )
+    target = real_cluster.wait_pod(real_ns, "task-0", ("Running",))
+    script = (
+        "import socket\n"
+        f"print('A', socket.gethostbyname('task-0.grp.{real_ns}.svc.cluster.local'))\n"
+        f"print('SHORT', socket.gethostbyname('task-0.grp'))\n"
+        "for n in ('nope.grp.%s.svc.cluster.local' % '" + real_ns + "', 'example.com'):\n"
+        "    try:\n        socket.gethostbyname(n); print('RESOLVED', n)\n"
+        "    except socket.gaierror as e:\n        print('NX', n)\n"
+    )
+    phase, logs = real_cluster.run_to_end(real_ns, "resolver", script)
+    assert phase == "Succeeded", logs
+    ip = target["status"]["podIP"]
+    assert f"A {ip}" in logs and f"SHORT {ip}" in logs, logs
+    # Unknown cluster names and every outside name are NXDOMAIN: no DNS query leaves this machine.
+    assert f"NX nope.grp.{real_ns}.svc.cluster.local" in logs and "NX example.com" in logs, logs
+
+
+def _probe(real_cluster, ns: str, name: str, ip: str, labels: dict) -> str:
+    script = (
+        "import socket\ns = socket.socket(); s.settimeout(2)\n"
+        f"try:\n    s.connect(('{ip}', 8080)); print('CONNECTED')\n"
+        "except OSError as e:\n    print('BLOCKED', e)\n"
+    )
+    phase, logs = real_cluster.run_to_end(ns, name, script, labels=labels)
+    assert phase == "Succeeded", logs
+    return "CONNECTED" if "CONNECTED" in logs else "BLOCKED"
+
+
+def _expect(real_cluster, ns, ip, labels, want: str, tag: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    seen = []
+    i = 0
+    while time.monotonic() < deadline:
+        got = _probe(real_cluster, ns, f"probe-{tag}-{i}", ip, labels)
+        seen.append(got)
+        if got == want:
+            return
+        i += 1
+    raise AssertionError(f"{tag}: wanted {want}, saw {seen}")
+
+
+def test_networkpolicy_deny_blocks_and_allow_readmits(real_cluster, real_ns):
+    real_cluster.pod(real_ns, "server", SERVE, labels={"app": "server"})
+    ip = real_cluster.wait_pod(real_ns, "server", ("Running",))["status"]["podIP"]
+    friend, stranger = {"role": "friend"}, {"role": "stranger"}
+    _expect(real_cluster, real_ns, ip, friend, "CONNECTED", "open")
+    policies = f"/apis/networking.k8s.io/v1/namespaces/{real_ns}/networkpolicies"
+    real_cluster.request(
+        "POST",
+        policies,
+        {
+            "metadata": {"name": "deny-all"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+        },
+    )
+    _expect(real_cluster, real_ns, ip, friend, "BLOCKED", "deny")
+    real_cluster.request(
+        "POST",
+        policies,
+        {
+            "metadata": {"name": "allow-friend"},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "server"}},
+                "ingress": [{"from": [{"podSelector": {"matchLabels": friend}}], "ports": [{"port": 8080}]}],
+            },
+        },
+    )
+    _expect(real_cluster, real_ns, ip, friend, "CONNECTED", "allow")
+    assert _probe(real_cluster, real_ns, "probe-stranger", ip, stranger) == "BLOCKED"
+
+
+IN_CLUSTER = """
+import json, os, ssl, urllib.request, urllib.error
+sa = '/var/run/secrets/kubernetes.io/serviceaccount'
+tok = open(sa + '/token').read(); ns = open(sa + '/namespace').read()
+ctx = ssl.create_default_context(cafile=sa + '/ca.crt')
+host = 'https://%s:%s' % (os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT'])
+for base in (host, 'https://kubernetes.default.svc'):
+    for path in ('/api/v1/namespaces/%s/pods' % ns, '/api/v1/namespaces/kube-system/pods'):
+        req = urllib.request.Request(base + path, headers={'Authorization': 'Bearer ' + tok})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+                body = json.load(r); print('GET', base, path, r.status, len(body['items']))
+        except urllib.error.HTTPError as e:
+            print('GET', base, path, e.code)
+"""
+
+
+def test_pod_reaches_the_api_server_with_in_cluster_config(real_cluster, real_ns):
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{real_ns}"
+    real_cluster.request(
+        "POST",
+        f"{rbac}/roles",
+        {
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+        },
+    )
+    real_cluster.request(
+        "POST",
+        f"{rbac}/rolebindings",
+        {
+            "metadata": {"name": "pod-reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": real_ns}],
+        },
+    )
+    phase, logs = real_cluster.run_to_end(real_ns, "incluster", IN_CLUSTER)
+    assert phase == "Succeeded", logs
+    own = f"/api/v1/namespaces/{real_ns}/pods"
+    # By the ClusterIP and by DNS name, certificate checked: 200 in its namespace (it sees itself)...
+    assert f"GET https://10.0.0.1:443 {own} 200 1" in logs, logs
+    assert f"GET https://kubernetes.default.svc {own} 200 1" in logs, logs
+    # ...and RBAC is real: another namespace is forbidden.
+    assert "GET https://10.0.0.1:443 /api/v1/namespaces/kube-system/pods 403" in logs, logs
+
+
+# ------------------------------------------------------------------------------ scripts/cluster itself
+
+
+def cluster_cli(*args: str, user: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [str(REPO / "scripts" / "cluster"), *args]
+    if user:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_cluster_cli_rejects_bad_verbs_and_non_root():
+    for args in ((), ("start",), ("up", "down")):
+        r = cluster_cli(*args)
+        assert r.returncode == 2 and "usage: scripts/cluster up|down|status" in r.stderr, r.stderr
+    r = cluster_cli("up", user="65534")
+    assert r.returncode == 1 and "must run as root" in r.stderr, r.stderr
+
+
+def test_status_says_what_runs(real_cluster):
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.realnode", "status"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in realnode.COMPONENTS:
+        assert f"{name:24} running" in r.stdout
+    assert "Ready" in r.stdout and "cluster                  up" in r.stdout
+
+
+def test_up_twice_is_harmless(real_cluster):
+    pids = {p["name"]: p["pid"] for p in realnode.load_state()["procs"]}
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.realnode", "up"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert r.returncode == 0 and "already up" in r.stderr, r.stderr
+    assert r.stdout.startswith("export KUBECONFIG=")
+    assert {p["name"]: p["pid"] for p in realnode.load_state()["procs"]} == pids
+
+
+# ------------------------------------------------------------------- teardown (take the cluster down)
+
+
+NOTHING = {
+    "processes": [],
+    "mounts": [],
+    "links": [],
+    "chains": [],
+    "ipsets": [],
+    "log_links": [],
+    "routes": [],
+}
+
+
+def _nothing_left(before: dict) -> None:
+    left = realnode.leftovers()
+    assert left == NOTHING, left
+    assert not Path(realnode.STATE).exists()
+    for k, v in before["sysctls"].items():
+        assert realnode.read_sysctl(k) == v, k
+
+
+def test_half_started_cluster_is_replaced_by_up(real_cluster):
+    state = realnode.load_state()
+    (kubelet,) = [p for p in state["procs"] if p["name"] == "kubelet"]
+    os.kill(kubelet["pid"], signal.SIGKILL)
+    time.sleep(0.5)
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.realnode", "status"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert r.returncode == 3 and "half-started" in r.stdout, r.stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.realnode", "up"], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert r.returncode == 0 and "half-started" in r.stderr, r.stderr
+    assert realnode.status()["healthy"]
+    real_cluster.ensure()
+
+
+def test_down_after_kill_9_of_everything_leaves_nothing(real_cluster, real_ns):
+    before = json.loads((realnode.STATE / "machine-before.json").read_text())
+    real_cluster.pod(real_ns, "sleeper", "import time; time.sleep(600)")
+    real_cluster.wait_pod(real_ns, "sleeper", ("Running",))
+    victims = realnode.our_processes(realnode.load_state())
+    assert any(p.name == "kubelet" for p in victims) and any("shim" in p.name for p in victims), victims
+    for p in victims:
+        os.kill(p.pid, signal.SIGKILL)
+    time.sleep(1)
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.realnode", "down"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    _nothing_left(before)
+    # A sleeper container whose shim died is gone too (runc killed it); no python3 sleeper is left.
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "time.sleep(600)" not in ps
+
+
+def test_up_refuses_a_taken_port_and_starts_nothing():
+    if realnode.load_state():
+        with realnode.locked():
+            realnode.down()
+    before = realnode.machine_record()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", realnode.API_PORT))
+        s.listen()
+        r = subprocess.run(
+            [sys.executable, "-m", "tests.realnode", "up"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
+    assert r.returncode == 1 and f"port {realnode.API_PORT} (kube-apiserver) is taken" in r.stderr, r.stderr
+    assert r.stdout == ""
+    left = realnode.leftovers()
+    assert left == NOTHING, left
+    assert realnode.machine_record()["sysctls"] == before["sysctls"]
+
+
+def test_build_images_rejects_unknown_images_and_import_without_a_cluster(tmp_path):
+    script = str(REPO / "k8s" / "build_images.py")
+    r = subprocess.run([sys.executable, script, "job", "gpu"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown image gpu (base, job, notebook)" in r.stderr, r.stderr
+    sock = str(tmp_path / "none.sock")
+    r = subprocess.run(
+        [sys.executable, script, "base", "--import", "--containerd", sock],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "start the cluster first (scripts/cluster up)" in r.stderr, r.stderr
