@@ -93,7 +93,7 @@ ensure_chromium() {
 _project_hash() {
   # what goes into the wheel: the packages' files, its metadata, and the built lab extension (by its stamp)
   (cd "$_root" && {
-    find core spawner kernel_magics labserver jupyter-config -type f -not -path 'core/labextension/*' \
+    find core spawner kernel_magics labserver hubadmin jupyter-config -type f -not -path 'core/labextension/*' \
       -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
     sha256sum pyproject.toml README.md
     cat core/labextension/.build-stamp 2>/dev/null
