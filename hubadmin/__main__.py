@@ -7,6 +7,8 @@ A bad ``gpu_admin`` section stops it with file, key and reason; the hub config c
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -60,8 +62,18 @@ async def _main() -> None:
     await state.run_forever(period)
 
 
+def _die_with_hub() -> None:
+    """A hub killed outright (SIGKILL, OOM) cannot stop its services: end with it, not as an orphan."""
+    hub = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != hub:  # the hub went before the prctl took effect
+        sys.exit(0)
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the hub stops its services with SIGTERM
+    _die_with_hub()
     try:
         asyncio.run(_main())
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ to prove it does.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -254,3 +255,22 @@ def test_known_mig_profiles_are_gpu_models(tmp_path: Path, profile: str) -> None
     p = tmp_path / "profiles.yaml"
     p.write_text(MIG_BASE.replace("RESOURCE", f"nvidia.com/mig-{profile}"))
     assert load_profiles(p).gpu_models["slice"].resource == f"nvidia.com/mig-{profile}"
+
+
+def test_the_service_ends_with_a_hub_killed_outright(tmp_path: Path) -> None:
+    import psutil
+
+    from tests.hub_fixtures import start_local_hub_command
+
+    hub = start_local_hub_command(tmp_path)
+    family = psutil.Process(hub.proc.pid).children(recursive=True)
+    try:
+        service = [p for p in family if "tfdist.hubadmin" in " ".join(p.cmdline())]
+        assert len(service) == 1
+        hub.proc.kill()  # no clean-up by the hub
+        hub.proc.wait(10)
+        assert psutil.wait_procs(service, timeout=15)[1] == [], "the GPU admin service outlived its hub"
+    finally:
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
