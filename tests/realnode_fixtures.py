@@ -66,6 +66,8 @@ class RealCluster:
         labels: dict | None = None,
         restart: str = "Never",
         extra: dict | None = None,
+        image: str | None = None,
+        limits: dict | None = None,
     ) -> dict:
         """Create a pod on the real node running ``python3 -c script`` in the test image."""
         spec = {
@@ -75,10 +77,10 @@ class RealCluster:
             "containers": [
                 {
                     "name": "main",
-                    "image": self.base_image,
+                    "image": image or self.base_image,
                     "imagePullPolicy": "Never",
                     "command": ["python3", "-u", "-c", script],
-                    "resources": {"limits": {"cpu": "200m", "memory": "128Mi"}},
+                    "resources": {"limits": limits or {"cpu": "200m", "memory": "128Mi"}},
                 }
             ],
             **(extra or {}),

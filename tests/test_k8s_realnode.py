@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -175,6 +176,35 @@ def test_pod_reaches_the_api_server_with_in_cluster_config(real_cluster, real_ns
     assert f"GET https://kubernetes.default.svc {own} 200 1" in logs, logs
     # ...and RBAC is real: another namespace is forbidden.
     assert "GET https://10.0.0.1:443 /api/v1/namespaces/kube-system/pods 403" in logs, logs
+
+
+def test_every_packet_stays_on_this_machine(real_cluster):
+    """Checked on the rules, never by sending a packet that would leave if they were wrong."""
+    # A ClusterIP no kube-proxy rule rewrites is routed into the port-less node bridge, not the uplink.
+    route = realnode.run("ip", "route", "get", "10.0.0.250")
+    assert f"dev {realnode.NODE_BRIDGE}" in route, route
+    # The guard is the first thing FORWARD does (mangle, before any filter ACCEPT) and drops every
+    # packet between the pod bridge and any other interface, in both address families.
+    for ipt in ("iptables", "ip6tables"):
+        rules = realnode.run(f"{ipt}-save", "-t", "mangle").splitlines()
+        forward = [r for r in rules if r.startswith("-A FORWARD")]
+        assert forward[0] == f"-A FORWARD -j {realnode.GUARD_CHAIN}", forward
+        guard = [r for r in rules if r.startswith(f"-A {realnode.GUARD_CHAIN}")]
+        assert guard == [
+            f"-A {realnode.GUARD_CHAIN} -i {realnode.POD_BRIDGE} -o {realnode.POD_BRIDGE} -j RETURN",
+            f"-A {realnode.GUARD_CHAIN} -i {realnode.POD_BRIDGE} -j DROP",
+            f"-A {realnode.GUARD_CHAIN} -o {realnode.POD_BRIDGE} -j DROP",
+        ], guard
+    # Nothing of the cluster listens on the machine's own network: only loopback and the node address.
+    ours = {p.pid for p in realnode.our_processes(realnode.load_state())}
+    listening = []
+    for line in realnode.run("ss", "-ltnupH").splitlines():
+        pids = {int(x) for x in re.findall(r"pid=(\d+)", line)}
+        if pids & ours:
+            listening.append(line.split()[4])
+    assert listening, "no listening socket of the cluster found"
+    allowed = ("127.0.0.1:", f"{realnode.NODE_IP}:", "[::1]:")
+    assert all(a.startswith(allowed) for a in listening), listening
 
 
 # ------------------------------------------------------------------------------ scripts/cluster itself
