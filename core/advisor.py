@@ -31,10 +31,6 @@ from dataclasses import dataclass, field, replace
 GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 DEFAULT_BANDWIDTH = {"kubernetes": 10 * GBIT, "local": 2e9}  # 10 GbE; loopback gRPC (serialising)
 DEFAULT_LOCAL_BANDWIDTH = {"kubernetes": 10e9, "local": 2e9}  # within a node (PCIe / memory copies)
-# TensorFlow's CPU collectives (MultiWorkerMirroredStrategy without NCCL: a gRPC ring in small packs) moved
-# a 68 MB gradient at ~35 MB/s on this project's 2-core CI machine (benchmarks/bench_advisor.py), far
-# below what the same loopback carries for PS pulls and pushes; GPUs use NCCL at the network's speed.
-DEFAULT_CPU_ALLREDUCE_BANDWIDTH = 3.5e7
 # Fixed costs per step, measured with benchmarks/bench_advisor.py on this project's 2-core CI machine (a
 # tiny model, where nothing else counts): a PS worker's step pays RPC round trips and the closure's
 # scheduling; the coordinator dispatches steps one at a time (Python, serial), more so with more PS; an
@@ -91,7 +87,7 @@ class Prediction:
     steps_per_s: float  # steps of the cell's batch, all workers together
     examples_per_s: float
     epoch_s: float | None
-    bound: str  # what limits it: "compute", "PS bandwidth", "network", "dispatch"
+    bound: str  # what limits it: compute, shared CPU, PS bandwidth, network, all-reduce bandwidth, dispatch
     detail: str = ""
     phases: dict[str, float] = field(default_factory=dict)
 
@@ -218,7 +214,7 @@ def predict_allreduce(m: Measured, hw: Hardware, workers: int) -> Prediction:
             comm = max(comm, moved / hw.allreduce_bandwidth)
     step = compute + comm + (hw.allreduce_overhead_s if workers > 1 else 0.0)
     examples = workers * m.batch / step
-    bound = _compute_bound(hw, workers) if compute >= comm else "network"
+    bound = _compute_bound(hw, workers) if compute >= comm else "all-reduce bandwidth"
     why = f"each step all-reduces {size(m.gradient_bytes)} of gradients over {workers} workers"
     return Prediction(
         "allreduce",

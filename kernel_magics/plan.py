@@ -115,7 +115,6 @@ def hardware(opts: argparse.Namespace, settings: Any) -> tuple[advisor.Hardware,
             bandwidth=bandwidth,
             local_bandwidth=bandwidth,
             shared_cpu_cores=None if gpus else cores,
-            allreduce_bandwidth=None if gpus else advisor.DEFAULT_CPU_ALLREDUCE_BANDWIDTH,
         )
         return hw, opts.workers or max(2, gpus)
     nodes = opts.nodes or int(env.get(ENV_NODES) or 2)
