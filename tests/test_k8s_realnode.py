@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -350,3 +351,34 @@ def test_build_images_rejects_unknown_images_and_import_without_a_cluster(tmp_pa
         timeout=60,
     )
     assert r.returncode == 2 and "start the cluster first (scripts/cluster up)" in r.stderr, r.stderr
+
+
+def test_up_that_fails_midway_undoes_everything(tmp_path):
+    """A component that dies during up (here a kubelet that exits at once): a clear message naming it,
+    and nothing half-running or half-changed afterwards."""
+    if realnode.load_state():
+        with realnode.locked():
+            realnode.down()
+    if realnode.missing_node_binaries():
+        pytest.skip("node binaries missing (scripts/build-k8s --node)")
+    real = realnode.node_bin_dir()
+    for b in realnode.NODE_BINARIES:
+        (tmp_path / b).symlink_to(real / b)
+    (tmp_path / "kubelet").unlink()
+    (tmp_path / "kubelet").write_text("#!/bin/sh\necho 'kubelet: broken on purpose' >&2\nexit 1\n")
+    (tmp_path / "kubelet").chmod(0o755)
+    shutil.copy2(real.parent / "pause", tmp_path.parent / "pause")  # the sandbox binary lives beside bin/
+    before = realnode.machine_record()
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.realnode", "up"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env={**os.environ, "TFDIST_K8S_NODE_BIN": str(tmp_path)},
+    )
+    assert r.returncode == 1, r.stderr
+    assert "kubelet exited while waiting for node Ready" in r.stderr and "broken on purpose" in r.stderr
+    assert r.stdout == ""
+    assert realnode.leftovers() == NOTHING
+    assert realnode.machine_record()["sysctls"] == before["sysctls"]
