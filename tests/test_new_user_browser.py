@@ -200,6 +200,8 @@ def test_a_new_user_from_login_to_the_jobs_panel(hub: LocalHubCommand) -> None:
             cell = page.locator(".jp-CodeCell", has_text="--name long-stop")
             expect(cell.locator(".jp-OutputArea")).to_contain_text("stopped", timeout=60_000)
             cell.scroll_into_view_if_needed()
+            # the stopped cell ends (a request queued meanwhile would be dropped by its error)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
             shot(page, "8-stopped-from-panel")
             detail.locator(".tfdist-back").click()
 

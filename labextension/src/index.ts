@@ -49,11 +49,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
       statusBar.registerStatusItem('jupyter-tfdist:gpus', { item, align: 'left', rank: 5 });
     }
     if (notebooks) {
+      // a "restarting" status is the user's own restart only right after a restart command; else a crash
+      app.commands.commandExecuted.connect((_, args) => {
+        if (/restart/i.test(args.id)) {
+          lastRestartCommand = Date.now();
+        }
+      });
       notebooks.widgetAdded.connect((_, nb) => watchKernel(nb));
       notebooks.forEach(watchKernel);
     }
   }
 };
+
+let lastRestartCommand = 0;
+const RESTART_WINDOW_MS = 60 * 1000; // the restart dialog waits for the user's answer
 
 /**
  * Mark the notebook's %%tfdist monitors when its kernel dies or restarts (kernelwatch.ts). Which output
@@ -72,7 +81,9 @@ function watchKernel(nb: NotebookPanel): void {
   observer.observe(nb.node, { childList: true, subtree: true });
   const onStatus = (_: unknown, status: string) => {
     if (isKernelLoss(status)) {
-      void markKernelLoss(nb.node, status, api.getJob).catch(e => console.warn('tfdist: kernel banner', e));
+      const asked = Date.now() - lastRestartCommand < RESTART_WINDOW_MS;
+      const loss = status === 'restarting' && !asked ? 'autorestarting' : status;
+      void markKernelLoss(nb.node, loss, api.getJob).catch(e => console.warn('tfdist: kernel banner', e));
     }
   };
   nb.sessionContext.statusChanged.connect(onStatus);
