@@ -17,8 +17,19 @@ from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
 from tfdist.settings import from_environ
 
-pytestmark = pytest.mark.k8s
+pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+@pytest.fixture
+def private_agent_port(monkeypatch):
+    """kwok hands out pod IPs from 10.244.0.0/16, which a real pod of this machine's one-node cluster
+    (scripts/cluster) may hold, with a real agent on the default port: talk to a port nothing serves."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setattr(mf, "AGENT_PORT", s.getsockname()[1])
 
 
 def backend(plane, ns: str, **env: str) -> KubernetesBackend:
@@ -185,9 +196,11 @@ async def test_unschedulable_job_shows_the_reason_then_is_deleted(k8s_plane, k8s
 
 
 async def test_rejected_object_leaves_nothing_half_created(k8s_plane, k8s_namespace):
-    b = backend(k8s_plane, k8s_namespace, TFDIST_WORKER_IMAGE=" bad image ")
-    with pytest.raises(JobSpecError, match="the API server refused Job"):
-        await b.submit(spec("badimg", k8s_namespace), b"p", Launch())
+    """The workers' Job is refused (a node selector that is no label key) after the root was created: the
+    root goes too, and no pod ever existed (the root was still suspended)."""
+    b = backend(k8s_plane, k8s_namespace, TFDIST_GPU_NODE_SELECTOR='{"not a key!": "x"}')
+    with pytest.raises(JobSpecError, match="the API server refused Job 'badimg-worker'"):
+        await b.submit(spec("badimg", k8s_namespace, gpus_per_worker=1), b"p", Launch())
     assert left(k8s_plane, k8s_namespace, "badimg") == []
     await b.close()
 

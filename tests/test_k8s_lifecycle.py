@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from tests.test_k8s_backend import backend, left, spec, wait_gone
+from tests.test_k8s_backend import backend, left, private_agent_port, spec, wait_gone  # noqa: F401
 from tfdist.backends.base import Launch
 from tfdist.errors import JobSpecError, NoSuchJob
 from tfdist.kube import manifests as mf
 
-pytestmark = pytest.mark.k8s
+pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
 
 
 def pods_of(plane, ns: str, job: str, role: str | None = None) -> list[dict]:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.test_k8s_backend import private_agent_port  # noqa: F401
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.errors import JobSpecError
@@ -28,7 +29,7 @@ from tfdist.kube import tenancy
 from tfdist.kube.apply import prepare_user_namespace, user_kubeconfig
 from tfdist.settings import from_environ
 
-pytestmark = pytest.mark.k8s
+pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
 REPO = Path(__file__).resolve().parent.parent
 POLICY_FILE = REPO / "hub_config" / "admission-policy.yaml"
 HUB_RBAC = REPO / "hub_config" / "rbac-hub-tenancy.yaml"
@@ -258,7 +259,7 @@ async def test_notebook_token_reaches_neither_the_hub_nor_other_users(k8s_plane,
         # privileged gets no pod either (Pod Security baseline on the namespace)
         assert (await status(core.create_namespaced_pod(ann, mounting("anything"))))[0] == 403
         priv = {
-            "metadata": {"name": "priv"},
+            "metadata": {"name": "priv", "labels": {"kueue.x-k8s.io/queue-name": "ml-team"}},
             "spec": {
                 "template": {
                     "spec": {
@@ -363,7 +364,7 @@ async def test_refused_jobs_say_why_in_one_sentence_and_create_nothing(
     name = f"j-{uuid.uuid4().hex[:6]}"
     try:
         with pytest.raises(JobSpecError) as e:
-            await b.submit(JobSpec(name=name, backend="kubernetes", **kw), b"p", Launch())
+            await b.submit(JobSpec(name=name, user=who, backend="kubernetes", **kw), b"p", Launch())
         assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
         assert _left(k8s_plane, ns, name) == []
     finally:
@@ -377,7 +378,9 @@ async def test_quota_binds_even_without_the_kernels_check_and_a_good_job_is_admi
     b = _backend(k8s_plane, _user_kubeconfig(k8s_plane, ns, tmp_path, "ann"), ns, "ann", **GPU_ENV)
     try:
         await b.submit(
-            JobSpec(name="fits", backend="kubernetes", workers=2, gpus_per_worker=4), b"p", Launch()
+            JobSpec(name="fits", user="ann", backend="kubernetes", workers=2, gpus_per_worker=4),
+            b"p",
+            Launch(),
         )
         running = await collect(b, "fits", lambda ev: ev.get("type") == "state" and ev["state"] == "running")
         assert running
@@ -388,7 +391,9 @@ async def test_quota_binds_even_without_the_kernels_check_and_a_good_job_is_admi
         # without the kernel's own check the Job is created, but the quota keeps its pods from existing;
         # at --timeout the job is deleted with the quota's reason in one sentence
         monkeypatch.setattr(KubernetesBackend, "_check_quota", lambda self, spec: asyncio.sleep(0))
-        spec = JobSpec(name="over", backend="kubernetes", workers=1, gpus_per_worker=1, timeout_s=6)
+        spec = JobSpec(
+            name="over", user="ann", backend="kubernetes", workers=1, gpus_per_worker=1, timeout_s=6
+        )
         await b.submit(spec, b"p", Launch())
         evs = await collect(b, "over", lambda ev: ev.get("type") == "state" and ev["state"] == "failed")
         assert "exceed your quota of nvidia.com/gpu: it asks for 1 more, 8 of 8" in evs[-1]["message"], evs[
@@ -424,8 +429,8 @@ async def test_same_job_name_in_two_users_namespaces(k8s_plane, users, tmp_path)
     )
     bob = _backend(k8s_plane, _user_kubeconfig(k8s_plane, users["bob"], tmp_path, "bob"), users["bob"], "bob")
     try:
-        await ann.submit(JobSpec(name="same", backend="kubernetes"), b"p", Launch())
-        await bob.submit(JobSpec(name="same", backend="kubernetes"), b"p", Launch())
+        await ann.submit(JobSpec(name="same", user="ann", backend="kubernetes"), b"p", Launch())
+        await bob.submit(JobSpec(name="same", user="bob", backend="kubernetes"), b"p", Launch())
         assert [j["name"] for j in await ann.list_jobs()] == ["same"]
         assert await ann.stop("same")
         assert len(_left(k8s_plane, users["bob"], "same")) >= 4  # bob's job untouched

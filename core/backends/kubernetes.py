@@ -29,6 +29,7 @@ from ..errors import BackendUnavailable, JobSpecError, NoSuchJob, TfdistError
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..kube import manifests as mf
+from ..kube import records
 from ..kube import status as st
 from ..kube.agent_client import AgentClient
 from ..kube.api_errors import quantity, translate
@@ -472,8 +473,10 @@ class KubernetesBackend(Backend):
     async def _agent_events(self, name: str) -> AsyncIterator[dict[str, Any]]:
         job = self._jobs[name]
         await job.delivered.wait()
-        if job.delivery_error is not None:
-            raise job.delivery_error
+        if job.delivery_error is not None:  # the kernel's own verdict: end the job now, not at the deadline
+            err = job.delivery_error
+            await self.stop(name)
+            raise err
         assert job.agent is not None
         async for ev in job.agent.events():
             yield ev
@@ -706,13 +709,10 @@ class KubernetesBackend(Backend):
 
     # ------------------------------------------------------------------ detach / attach
     def _record_path(self, name: str) -> str:
-        return os.path.join(self.settings.state_dir, "kubernetes", self.namespace, f"{name}.json")
+        return records.path(self.settings.state_dir, self.namespace, name)
 
     def _remember(self, job: _Job) -> None:
-        """A detached job's token and identity, for `%tfdist attach` in a later kernel of this server
-        (0600 in the user's state dir: the notebook may not read the job's Secret back)."""
-        path = self._record_path(job.spec.name)
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        """A detached job's token and identity, for `%tfdist attach` in a later kernel of this server."""
         rec = {
             "spec": json.loads(job.spec.to_json()),
             "token": job.token,
@@ -720,30 +720,18 @@ class KubernetesBackend(Backend):
             "job_uids": sorted(job.job_uids),
             "created": job.created,
         }
-        fd = os.open(path + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(rec, f)
-        os.replace(path + ".part", path)
+        records.save(self._record_path(job.spec.name), rec)
 
     def _forget(self, name: str, taken: bool = False) -> None:
-        """Drop a detached job's record; after its results were fetched, a stub says so to a later attach."""
-        path = self._record_path(name)
-        with contextlib.suppress(OSError):
-            if taken and os.path.exists(path):
-                with open(path, "w") as f:
-                    json.dump({"taken": time.time()}, f)
-            else:
-                os.unlink(path)
+        records.drop(self._record_path(name), taken)
 
     async def attach(self, name: str) -> None:
         """Follow a detached job started by an earlier kernel: its events, then its results."""
         if name in self._jobs:
             return
-        try:
-            with open(self._record_path(name)) as f:
-                rec = json.load(f)
-        except (OSError, ValueError):
-            raise NoSuchJob(name) from None
+        rec = records.load(self._record_path(name))
+        if rec is None:
+            raise NoSuchJob(name)
         if "taken" in rec:
             raise JobSpecError(
                 f"the results of job {name!r} were already taken by an earlier attach (results come back "

@@ -298,10 +298,6 @@ def task_job(
     if role == "worker":
         job_spec["backoffLimitPerIndex"] = WORKER_RESTARTS
         job_spec["maxFailedIndexes"] = n
-        # an evicted or preempted worker (node drain, higher priority) is replaced without counting
-        job_spec["podFailurePolicy"] = {
-            "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
-        }
     else:
         job_spec["backoffLimit"] = 0
     return {
