@@ -115,3 +115,36 @@ def test_pod_entrypoints_train_and_return_results_through_the_agent(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+
+
+def test_a_server_pods_tensorflow_server_dies_with_its_entry_point(tmp_path):
+    """Outside a container nothing ends a pod's children for us: a SIGKILLed entry point takes its TF
+    server along (PR_SET_PDEATHSIG), so a killed test or crashed pod process leaves no orphan behind."""
+    import psutil
+
+    tf_ports = free_ports(4)
+    cluster = tf_config.cluster(tf_config.local_addresses(2, 1, tf_ports))
+    env = dict(
+        os.environ,
+        TF_CONFIG=tf_config.tf_config(cluster, "worker-0"),
+        TFDIST_TASK="worker-0",
+        TFDIST_TOKEN="t",
+        TFDIST_AGENT_URL=f"http://127.0.0.1:{free_ports(1)[0]}",
+        TF_CPP_MIN_LOG_LEVEL="3",
+    )
+    pod = subprocess.Popen([sys.executable, "-m", "tfdist.runtime.podmain", "worker"], env=env, cwd=tmp_path)
+    try:
+        deadline = time.time() + 60
+        children: list[psutil.Process] = []
+        while time.time() < deadline and not children:
+            children = psutil.Process(pod.pid).children()
+            time.sleep(0.2)
+        assert children, "the entry point started no TF server"
+        pod.kill()
+        pod.wait()
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"orphaned: {[p.pid for p in alive]}"
+    finally:
+        if pod.poll() is None:
+            pod.kill()
+            pod.wait()

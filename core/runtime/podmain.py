@@ -21,6 +21,7 @@ import urllib.request
 
 from ..kube import signing
 from . import events as wire
+from .deathsig import die_with_parent
 
 AGENT_PORT_ENV = "TFDIST_AGENT_PORT"
 RESULT_WAIT_S = 600.0  # how long results wait for the notebook (TFDIST_RESULT_WAIT_S: detached jobs)
@@ -44,7 +45,10 @@ def run_chief() -> int:
     env = dict(os.environ, TFDIST_EVENTS_FD=str(w))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # PID 1: a deleted pod ends now
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir], env=env, pass_fds=(w,)
+        [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir],
+        env=env,
+        pass_fds=(w,),
+        preexec_fn=die_with_parent(),  # outside a container too, nothing outlives this process
     )
     os.close(w)
     with os.fdopen(r, "rb") as pipe:
@@ -99,7 +103,7 @@ def run_server(role: str) -> int:
     url = os.environ.get("TFDIST_AGENT_URL", "")
     token = os.environ.get("TFDIST_TOKEN", "")
     task = os.environ.get("TFDIST_TASK", role)
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "tfdist.runtime.task"])
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "tfdist.runtime.task"], preexec_fn=die_with_parent())
     # As a container's PID 1 this process ignores SIGTERM unless it handles it: end the server with it.
     signal.signal(signal.SIGTERM, lambda *_: (proc.kill(), os._exit(0)))
     sampler = TaskSampler()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -28,12 +27,12 @@ from tfdist.jobspec import JobSpec, split_gpus
 from tfdist.jobview import JobView, Reason, final_task_state, reason_for
 from tfdist.procid import ProcessId
 from tfdist.runtime import allreduce, events, history, lifeline, psrestart
+from tfdist.runtime.deathsig import die_with_parent
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.runtime.unixsock import short_path
 from tfdist.sampler import TaskProcess, TaskSampler
 from tfdist.taskenv import THREAD_VARS
 
-PR_SET_PDEATHSIG = 1
 MAX_WORKER_RESTARTS = 3
 KILL_GRACE_S = 3.0
 TICK_S = 1.0
@@ -50,24 +49,9 @@ class StartupTimeout(StartupError):
     pass
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: no dlopen between fork and exec
-_SUPERVISOR_PID = os.getpid()
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != _SUPERVISOR_PID:  # the supervisor died before the prctl took effect
-        os._exit(1)
-    # Out of memory, a task goes first, not the kernel: the kernel's OOM killer and the hub's watchdog
-    # both prefer a higher oom_score_adj (raising it needs no privilege).
-    try:
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
-        try:
-            os.write(fd, TASK_OOM_SCORE_ADJ)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+# Out of memory, a task goes first, not the kernel: the kernel's OOM killer and the hub's watchdog both
+# prefer a higher oom_score_adj. Every task dies with the supervisor, even a SIGKILLed one.
+_die_with_parent = die_with_parent(TASK_OOM_SCORE_ADJ)
 
 
 @dataclass
