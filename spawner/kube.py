@@ -193,6 +193,7 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         env: dict[str, Any] = super().get_env()
         choice = self.tfdist_choice
         env[settings.ENV_BACKEND] = "kubernetes"
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up chatter is not an error in the cell
         env[settings.ENV_NAMESPACE] = self.namespace
         env[settings.ENV_WORKER_IMAGE] = self.worker_image or self.image
         env[settings.ENV_SERVICE_ACCOUNT] = self.service_account or "default"

@@ -245,6 +245,8 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
         # NVML index order == PCI bus order; make CUDA number devices the same way
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        # TensorFlow's C++ start-up chatter (info/warning) would show as red stderr in the first cells
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env[settings.ENV_BACKEND] = "local"
         env[settings.ENV_GPUS] = str(len(indices))
         env[settings.ENV_USER] = self.user.name

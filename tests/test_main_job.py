@@ -77,6 +77,8 @@ def _run_example(user: HubUser, magic_line: str | None = None) -> tuple[dict[str
                 code = magic_line + "\n" + code.split("\n", 1)[1]
             res = kernel.execute(code, timeout=600)
             assert res.error is None, f"cell failed:\n{code}\n{res.error}\nstdout:\n{res.stdout[-3000:]}"
+            if "import tensorflow" in code:  # no red box of TensorFlow start-up noise in the first cell
+                assert not res.stderr.strip(), res.stderr
             if code.startswith("%%tfdist run"):
                 assert "succeeded" in res.stdout, res.stdout[-3000:]
                 # the kernel stays busy for the whole cell, as for any cell
