@@ -120,7 +120,20 @@ async def run(plane: ControlPlane, worker_counts: list[int], idle_s: float) -> d
     return out
 
 
+def _private_agent_port() -> None:
+    """kwok pod IPs (10.244.0.0/16) may belong to real pods of this machine's one-node cluster: use an
+    agent port nothing serves (as the tests do)."""
+    import socket
+
+    from tfdist.kube import manifests as mf
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        mf.AGENT_PORT = s.getsockname()[1]
+
+
 def main() -> None:
+    _private_agent_port()
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", default="1,4,16,64")
     ap.add_argument("--idle", type=float, default=60.0)

@@ -11,6 +11,14 @@ from tests.kernels import Kernel, kernel_env
 pytestmark = pytest.mark.k8s
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_unschedulable_job_in_a_notebook(k8s_plane, k8s_namespace, tmp_path):
     env = kernel_env(
         str(tmp_path / "state"),
@@ -19,6 +27,8 @@ def test_unschedulable_job_in_a_notebook(k8s_plane, k8s_namespace, tmp_path):
         TFDIST_NAMESPACE=k8s_namespace,
         TFDIST_WORKER_IMAGE="example.org/tfdist-job:1",
         TFDIST_GPU_NODE_SELECTOR='{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}',
+        # kwok pod IPs may be real pods' of this machine's one-node cluster: a port no agent serves
+        TFDIST_AGENT_PORT=str(free_port()),
     )
     k = Kernel(env, cwd=str(tmp_path))
     try:

@@ -638,8 +638,11 @@ class KubernetesBackend(Backend):
         """Delete the root: the garbage collector takes everything it owns, pods first."""
         self._finish(name)
         job = self._jobs.pop(name, None)
-        if job is not None and job.agent is not None:
-            await job.agent.close()
+        if job is not None:
+            others = [t for t in job.tasks if t is not asyncio.current_task()]
+            await asyncio.gather(*others, return_exceptions=True)  # cancelled: let them unwind first
+            if job.agent is not None:
+                await job.agent.close()
         self._forget(name)
         return await self._delete("Job", name, self.namespace)
 

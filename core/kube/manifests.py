@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from typing import Any
 
@@ -24,7 +25,8 @@ from .. import taskenv, tf_config
 from ..jobspec import JobSpec
 
 TF_PORT = 2222
-AGENT_PORT = 8470
+# the coordinator agent's port; TFDIST_AGENT_PORT in the notebook's environment moves it (the pod is told)
+AGENT_PORT = int(os.environ.get("TFDIST_AGENT_PORT") or 8470)
 MANAGED_BY = "jupyter-tfdist"
 L_JOB = "tfdist.io/job"
 L_USER = "tfdist.io/user"
@@ -200,6 +202,8 @@ def pod_template(
             "valueFrom": {"secretKeyRef": {"name": f"{spec.name}-token", "key": "token"}},
         },
     ]
+    if role == "chief":
+        env.append({"name": "TFDIST_AGENT_PORT", "value": str(AGENT_PORT)})
     if role == "chief" and result_wait_s is not None:
         env.append({"name": "TFDIST_RESULT_WAIT_S", "value": f"{result_wait_s:g}"})
     container: dict[str, Any] = {
