@@ -26,23 +26,39 @@ POLL_WAIT_S = 10.0
 
 
 class JobLog:
-    """Events in order, readable from any index (long-poll); thread-safe. A ring: the coordinator pod's
-    memory is the job's --memory, so only the last `keep` events stay (a reader that fell behind skips)."""
+    """Events in order, readable from any index (long-poll); thread-safe. A ring bounded by count *and*
+    bytes: the coordinator pod's memory is the job's --memory, and one metrics event of a 66-task job is
+    tens of KiB (20,000 of them were ~840 MiB), so only the newest events stay (a reader that fell
+    behind skips ahead)."""
 
-    def __init__(self, keep: int = 20000) -> None:
+    def __init__(self, keep: int = 20000, keep_bytes: int = 32 * 2**20) -> None:
         self._events: list[dict[str, Any]] = []
+        self._sizes: list[int] = []
+        self._bytes = 0
         self._base = 0  # index of self._events[0]
-        self._keep = keep
+        self._keep, self._keep_bytes = keep, keep_bytes
         self._cond = threading.Condition()
 
     def add(self, ev: dict[str, Any]) -> None:
+        size = len(wire.dumps(ev))
         with self._cond:
             self._events.append(ev)
-            if len(self._events) > self._keep:
-                drop = len(self._events) - self._keep
-                del self._events[:drop]
+            self._sizes.append(size)
+            self._bytes += size
+            drop = max(len(self._events) - self._keep, 0)
+            freed = sum(self._sizes[:drop])
+            while self._bytes - freed > self._keep_bytes and drop < len(self._events) - 1:
+                freed += self._sizes[drop]
+                drop += 1
+            if drop:
+                self._bytes -= freed
+                del self._events[:drop], self._sizes[:drop]
                 self._base += drop
             self._cond.notify_all()
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
 
     def read(self, start: int, wait: float) -> tuple[int, list[dict[str, Any]]]:
         """(index of the first event returned, events from `start` on)."""
