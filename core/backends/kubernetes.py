@@ -346,12 +346,12 @@ class KubernetesBackend(Backend):
                     )
                 await asyncio.sleep(2)
             await client.upload(job.payload or b"")
-            job.payload = None  # the kernel keeps no copy of a delivered payload
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             job.delivery_error = exc
         finally:
+            job.payload = None  # delivered or failed: the kernel keeps no copy (it may be hundreds of MB)
             job.delivered.set()
 
     async def _chief_ip(self, job: _Job) -> str:
