@@ -22,6 +22,7 @@ import urllib.request
 from ..kube import signing
 from . import events as wire
 from .deathsig import die_with_parent
+from .outcome import coordinator_outcome
 
 AGENT_PORT_ENV = "TFDIST_AGENT_PORT"
 RESULT_WAIT_S = 600.0  # how long results wait for the notebook (TFDIST_RESULT_WAIT_S: detached jobs)
@@ -58,21 +59,10 @@ def run_chief() -> int:
             except ValueError:
                 continue
     code = proc.wait()
-    err = None
-    if code != 0:
-        try:
-            with open(os.path.join(jobdir, "error.json")) as f:
-                err = json.load(f)
-        except (OSError, ValueError):
-            err = {"type": "CoordinatorExit", "message": f"exit code {code}", "traceback": ""}
-    done = {
-        "type": "state",
-        "state": "succeeded" if code == 0 else "failed",
-        "t": time.time(),
-        "message": "finished" if code == 0 else f"{err['type']}: {err['message'][:300]}",
-    }
-    if err:
-        done["error"] = err
+    out = coordinator_outcome(jobdir, code)  # the same reading as the local supervisor's
+    done: dict = {"type": "state", "state": out.state, "t": time.time(), "message": out.message}
+    if out.error:
+        done["error"] = out.error
     state.finished.set()
     state.log.add(done)
     keep = float(os.environ.get("TFDIST_RESULT_WAIT_S") or RESULT_WAIT_S)

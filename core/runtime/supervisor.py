@@ -28,6 +28,7 @@ from tfdist.jobview import JobView, Reason, final_task_state, reason_for
 from tfdist.procid import ProcessId
 from tfdist.runtime import allreduce, events, history, lifeline, psrestart
 from tfdist.runtime.deathsig import die_with_parent
+from tfdist.runtime.outcome import coordinator_outcome
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.runtime.unixsock import short_path
 from tfdist.sampler import TaskProcess, TaskSampler
@@ -557,18 +558,9 @@ class Supervisor:
                 "exit_code": chief.proc.returncode,
             }
         )
-        if chief.proc.returncode == 0 and os.path.exists(os.path.join(self.jobdir, "result.bin")):
-            return ("succeeded", "finished", None)
-        err_path = os.path.join(self.jobdir, "error.json")
-        if os.path.exists(err_path):
-            with open(err_path) as f:
-                err = json.load(f)
-            return ("failed", f"{err['type']}: {err['message'][:300]}", err)
-        return (
-            "failed",
-            f"the coordinator {_ended(chief, chief.proc.returncode)}",
-            {"type": "CoordinatorExit", "message": f"exit code {chief.proc.returncode}", "traceback": ""},
-        )
+        code = chief.proc.returncode
+        out = coordinator_outcome(self.jobdir, code, _ended(chief, code))
+        return (out.state, out.message, out.error)
 
     async def _teardown(self, state: str) -> None:
         alive = [t for t in self.tasks.values() if t.proc is not None and t.proc.returncode is None]

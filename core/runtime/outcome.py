@@ -1,0 +1,37 @@
+"""How a coordinator run ended, read the same way by the local supervisor and the coordinator pod.
+
+The coordinator's contract: exit 0 after writing JOBDIR/result.bin, or write JOBDIR/error.json (the cell's
+exception with its traceback) and exit non-zero. Anything else (a signal, a crash before error.json) is a
+coordinator death, said in words by the caller that knows why (`ended`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str  # "succeeded" or "failed"
+    message: str
+    error: dict[str, Any] | None = None
+
+
+def coordinator_outcome(jobdir: str, code: int | None, ended: str | None = None) -> Outcome:
+    if code == 0 and os.path.exists(os.path.join(jobdir, "result.bin")):
+        return Outcome("succeeded", "finished")
+    try:
+        with open(os.path.join(jobdir, "error.json")) as f:
+            err = json.load(f)
+        return Outcome("failed", f"{err['type']}: {str(err['message'])[:300]}", err)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    how = ended or f"exited with code {code}"
+    return Outcome(
+        "failed",
+        f"the coordinator {how}",
+        {"type": "CoordinatorExit", "message": f"exit code {code}", "traceback": ""},
+    )
