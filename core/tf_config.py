@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 ROLES = ("chief", "worker", "ps")  # "chief" is the coordinator (TF's name for it, kept for legacy reasons)
 
@@ -17,9 +18,30 @@ def task_names(workers: int, ps: int, strategy: str = "ps") -> list[str]:
     return ["chief-0"] + [f"worker-{i}" for i in range(workers)] + [f"ps-{i}" for i in range(ps)]
 
 
-def split_task(task: str) -> tuple[str, int]:
-    role, _, idx = task.rpartition("-")
-    return role, int(idx)
+class TaskId(NamedTuple):
+    """A task's identity: its TF role and index. Its text form ("worker-0") names logs, metrics and pods;
+    code asks `.role`, never the string again."""
+
+    role: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    @classmethod
+    def parse(cls, name: str) -> TaskId:
+        role, sep, idx = name.rpartition("-")
+        if not sep or role not in ROLES or not idx.isdigit():
+            raise ValueError(f"{name!r} is not a task name (chief-0, worker-N, ps-N)")
+        return cls(role, int(idx))
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.role == "chief"
+
+
+def split_task(task: str) -> TaskId:
+    return TaskId.parse(task)
 
 
 def cluster(addresses: dict[str, list[str]], strategy: str = "ps") -> dict[str, list[str]]:

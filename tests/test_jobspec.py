@@ -82,3 +82,14 @@ def test_bad_memory_quantities(text):
 def test_spec_round_trips_through_json():
     s = spec(workers=3, memory_bytes=2**30, extra={"a": 1})
     assert JobSpec.from_json(s.to_json()) == s
+
+
+def test_task_ids_are_parsed_once_into_role_and_index() -> None:
+    from tfdist.tf_config import TaskId, split_task
+
+    t = TaskId.parse("worker-12")
+    assert (t.role, t.index, str(t), t.is_coordinator) == ("worker", 12, "worker-12", False)
+    assert TaskId.parse("chief-0").is_coordinator and split_task("ps-1") == ("ps", 1)
+    for bad in ("worker", "worker-", "gpu-0", "ps-x", "", "-1"):
+        with pytest.raises(ValueError):
+            TaskId.parse(bad)

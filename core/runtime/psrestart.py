@@ -15,6 +15,7 @@ from typing import Any
 
 from tfdist.jobspec import JobSpec
 from tfdist.runtime import psrecovery
+from tfdist.tf_config import TaskId
 
 MAX_PS_RESTARTS = 3
 CKPT_DIR = "ckpt"
@@ -71,7 +72,7 @@ class PsRestart:
                 dead = [
                     t
                     for n, t in sup.tasks.items()
-                    if n.startswith("ps") and t.proc is not None and t.proc.returncode is not None
+                    if TaskId.parse(n).role == "ps" and t.proc is not None and t.proc.returncode is not None
                 ]
                 if dead:
                     break

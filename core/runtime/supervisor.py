@@ -33,6 +33,7 @@ from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.runtime.unixsock import short_path
 from tfdist.sampler import TaskProcess, TaskSampler
 from tfdist.taskenv import THREAD_VARS
+from tfdist.tf_config import TaskId
 
 MAX_WORKER_RESTARTS = 3
 KILL_GRACE_S = 3.0
@@ -385,10 +386,10 @@ class Supervisor:
                 if self.spec.strategy == "allreduce":
                     self._allreduce_worker_ended(task, code)
                     continue
-                if task.name.startswith("ps") and self.recovery.can_restart():
+                if TaskId.parse(task.name).role == "ps" and self.recovery.can_restart():
                     await self.recovery.ps_lost(self, task, _ended(task, code))
                     continue
-                if task.name.startswith("worker") and task.restarts < MAX_WORKER_RESTARTS:
+                if TaskId.parse(task.name).role == "worker" and task.restarts < MAX_WORKER_RESTARTS:
                     task.restarts += 1
                     self.pending_logs.append(
                         (
@@ -411,7 +412,7 @@ class Supervisor:
                 else:
                     self.emit({"type": "task", "task": task.name, "state": "failed", "exit_code": code})
                     task.proc = None
-                    if task.name.startswith("ps"):
+                    if TaskId.parse(task.name).role == "ps":
                         why = (
                             f"parameter server {task.name} {_ended(task, code)}; the fit cannot go on "
                             "without it (restart from a checkpoint)"
