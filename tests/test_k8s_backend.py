@@ -104,6 +104,7 @@ def test_manifests_put_gpus_on_workers_only_and_hang_everything_on_one_root():
     worker, ps = objs[0]["spec"], objs[4]["spec"]
     assert (worker["completionMode"], worker["completions"], worker["parallelism"]) == ("Indexed", 2, 2)
     assert worker["backoffLimitPerIndex"] == mf.WORKER_RESTARTS and worker["maxFailedIndexes"] == 2
+    assert worker["podReplacementPolicy"] == "TerminatingOrFailed"
     assert (ps["completionMode"], ps["completions"], ps["backoffLimit"]) == ("Indexed", 1, 0)
     templates = {"chief": root["spec"]["template"], "worker": worker["template"], "ps": ps["template"]}
     for role, t in templates.items():

@@ -302,6 +302,9 @@ def task_job(
     if role == "worker":
         job_spec["backoffLimitPerIndex"] = WORKER_RESTARTS
         job_spec["maxFailedIndexes"] = n
+        # replace a worker as soon as its pod is going (the default with backoffLimitPerIndex waits for a
+        # terminal phase, which a pod on a lost node may never report)
+        job_spec["podReplacementPolicy"] = "TerminatingOrFailed"
     else:
         job_spec["backoffLimit"] = 0
     return {
