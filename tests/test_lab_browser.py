@@ -286,7 +286,8 @@ def test_panel_shows_stops_and_escapes_jobs_in_chromium(lab: Lab) -> None:
                 # the hostile job: its name, message and logs are text, no element made from them
                 hostile = panel.locator(".tfdist-job", has_text="onerror")
                 expect(hostile.locator(".tfdist-job-name")).to_have_text(HOSTILE, timeout=20_000)
-                assert hostile.get_attribute("title") == f"crashed: {HOSTILE}"
+                # the tooltip holds the full name and how the job ended, as plain text
+                assert hostile.get_attribute("title") == f"{HOSTILE}\nfailed: crashed: {HOSTILE}"
                 hostile.click()
                 expect(panel.locator(".tfdist-detail-name")).to_have_text(HOSTILE)
                 expect(panel.locator(".tfdist-message")).to_have_text(f"crashed: {HOSTILE}")
