@@ -56,6 +56,7 @@ def test_worker_job_golden():
         "completionMode": "Indexed",
         "completions": 2,  # replicas 1 and 2; chief-0 is replica 0
         "parallelism": 2,
+        "podReplacementPolicy": "TerminatingOrFailed",  # as every Job of ours: no two pods of one index
         "ttlSecondsAfterFinished": mf.FINISHED_TTL_S,
         "template": {
             "metadata": {"labels": LABELS},
@@ -91,7 +92,7 @@ def test_root_is_replica_zero_with_gpus_and_the_agent():
     assert pod["nodeSelector"] == NODE and pod["tolerations"] == TOL
     (c,) = pod["containers"]
     assert c["command"] == ["python", "-m", "tfdist.runtime.podmain", "chief"]
-    assert c["env"] == ENV
+    assert c["env"] == [*ENV, {"name": "TFDIST_AGENT_PORT", "value": str(mf.AGENT_PORT)}]  # the agent's
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert {"containerPort": 8470, "name": "agent"} in c["ports"]
 
