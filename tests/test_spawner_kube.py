@@ -105,7 +105,8 @@ async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
     assert spec["serviceAccountName"] == "tfdist-notebook"
     env = {e["name"]: e for e in c["env"]}
     assert env[settings.ENV_BACKEND]["value"] == "kubernetes"
-    assert env[settings.ENV_NAMESPACE]["value"] == "jhub"
+    # each user in their own namespace by default, never the hub's (jhub): the jobs go there too
+    assert env[settings.ENV_NAMESPACE]["value"] == "user-alice" == sp.namespace
     assert env[settings.ENV_WORKER_IMAGE]["value"] == "registry.example.org/ml/tfdist-worker:0.1"
     assert env[settings.ENV_GPUS]["value"] == "2"
     assert env[settings.ENV_GPU_MODEL]["value"] == "h100"
