@@ -11,7 +11,7 @@ everything forwarded between the pod bridge and any other interface. ``down`` un
 it recorded at the first ``up``: processes, containers, mounts, network namespaces, bridges, routes,
 iptables chains, ipsets, nftables tables and sysctls; containerd's image store stays cached.
 
-    python -m tests.realnode up | down | status      (what scripts/cluster runs)
+    python -m tests.realnode up | down | status | user NAME      (what scripts/cluster runs)
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -1215,12 +1216,114 @@ def leftovers() -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------------------------- user
+
+# NAME becomes a namespace (tfdist-user-NAME): a DNS-1123 label of at most 63 characters
+USER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,49}[a-z0-9])?")
+USER_NS_PREFIX = "tfdist-user-"
+ADMISSION_POLICY = REPO / "hub_config" / "admission-policy.yaml"
+_VAP = "/apis/admissionregistration.k8s.io/v1/"
+
+
+class UsageError(ClusterError):
+    """Bad input or nothing to act on: the caller's mistake (exit 2), and nothing was created."""
+
+
+def user_namespace(name: str) -> str:
+    return USER_NS_PREFIX + name
+
+
+def _running_api(state: dict) -> kube_plane.ControlPlane:
+    """A client for the cluster `state` names, once its API server answers; else UsageError."""
+    hint = 'no cluster is up: start one with  eval "$(sudo scripts/cluster up)"'
+    if not state.get("server"):
+        raise UsageError(hint)
+    try:
+        c = _client(state)
+    except (OSError, KeyError) as e:  # the state of a cluster that is gone, or a broken one
+        raise UsageError(f"{hint} (its record in {STATE} is unusable: {e!r})") from e
+    try:
+        if c.request("GET", "/readyz", timeout=5) != "ok":
+            raise UsageError(f"{hint} (the API server at {state['server']} is not ready)")
+    except (OSError, urllib.error.URLError) as e:
+        raise UsageError(f"{hint} (the API server at {state['server']} does not answer: {e})") from e
+    return c
+
+
+def apply_admission_policy(c: kube_plane.ControlPlane) -> None:
+    """hub_config/admission-policy.yaml, created or replaced (as `kubectl apply` would): without it a user
+    namespace's policy parameters bind nothing."""
+    for doc in yaml.safe_load_all(ADMISSION_POLICY.read_text()):
+        if not doc:
+            continue
+        plural = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies"}.get(
+            doc["kind"], "validatingadmissionpolicybindings"
+        )
+        try:
+            c.request("POST", _VAP + plural, doc)
+        except urllib.error.HTTPError as e:
+            if e.code != 409:
+                raise
+            item = f"{_VAP}{plural}/{doc['metadata']['name']}"
+            live = c.request("GET", item)
+            doc["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+            c.request("PUT", item, doc)
+
+
+def user(name: str) -> str:
+    """NAME's namespace prepared by the spawner's own code (tfdist.kube.apply.setup_user, a CPU-only
+    profile), and a kubeconfig, as YAML, acting as NAME's notebook service account (a TokenRequest)."""
+    import asyncio
+    import base64
+
+    if not USER_NAME.fullmatch(name):
+        raise UsageError(
+            f"invalid user name {name!r}: 1 to 51 characters of a-z, 0-9 and '-', starting and ending "
+            "with a letter or digit (it becomes the namespace " + user_namespace("NAME") + ")"
+        )
+    if os.geteuid() != 0:
+        raise ClusterError(
+            "must run as root (the cluster's admin credentials are root's): sudo scripts/cluster user"
+        )
+    state = load_state()
+    c = _running_api(state)
+    apply_admission_policy(c)
+    ca = base64.b64encode(Path(state["ca_file"]).read_bytes()).decode()
+
+    async def prepare() -> dict:
+        from kubernetes_asyncio import client, config
+
+        from tfdist.kube.apply import setup_user
+
+        cfg = client.Configuration()
+        await config.load_kube_config(config_file=state["kubeconfig"], client_configuration=cfg)
+        async with client.ApiClient(cfg) as api:
+            return await setup_user(api, name, user_namespace(name), server=state["server"], ca_data_b64=ca)
+
+    kubeconfig = asyncio.run(prepare())
+    log(f"namespace {user_namespace(name)} ready; the kubeconfig acts as {name}'s notebook for an hour")
+    return yaml.safe_dump(kubeconfig, sort_keys=False)
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 
-USAGE = "usage: scripts/cluster up|down|status"
+USAGE = "usage: scripts/cluster up|down|status, or scripts/cluster user NAME"
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["user"]:
+        if len(argv) != 2:
+            print(f"{USAGE}\n  user takes one NAME", file=sys.stderr)
+            return 2
+        try:
+            sys.stdout.write(user(argv[1]))
+        except UsageError as e:
+            print(f"cluster: {e}", file=sys.stderr)
+            return 2
+        except ClusterError as e:
+            print(f"cluster: {e}", file=sys.stderr)
+            return 1
+        return 0
     if len(argv) != 1 or argv[0] not in ("up", "down", "status"):
         print(f"{USAGE}\n  unknown or missing verb: {' '.join(argv) or '(none)'}", file=sys.stderr)
         return 2

@@ -3,6 +3,12 @@ its own network namespace, reached over a Unix socket in the job's directory.
 
 Job directories live under the user's state dir (0700), so the Unix permissions are the access control:
 only this user's processes (their kernels and their Jupyter server) can watch or stop their jobs.
+
+A job started with `--detach` has no lifeline: its supervisor does not watch the kernel's pipe, so it runs
+on after the kernel is gone, and its results stay in the job's directory until one `attach` takes them
+(`%tfdist attach NAME`, from any later kernel with this state directory) or until the retention time after
+its end (TFDIST_RESULT_RETENTION_S, set by the admin, default 24 h) has passed; the next use of the backend
+then deletes the job's directory. Results come back once, as on Kubernetes: a second attach is told so.
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob
+from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob, TfdistError
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..procid import ProcessId
@@ -31,6 +38,24 @@ from .base import Backend, Launch
 
 KEEP_FINISHED = 20  # finished job directories kept for `%tfdist logs`
 ISOLATION_ENV = "TFDIST_ISOLATION"  # "netns" (default) or "none"
+RETENTION_ENV = "TFDIST_RESULT_RETENTION_S"  # the admin's: how long a detached job's results wait
+DEFAULT_RETENTION_S = 24 * 3600.0
+DETACHED_FILE = "detached.json"  # present in a detached job's directory: retention, owner, taken
+
+
+def retention_s(environ: dict[str, str] | None = None) -> float:
+    """The admin's retention for detached results (the same variable as on Kubernetes); bad values fall
+    back to the default rather than keeping results forever or deleting them at once."""
+    raw = (os.environ if environ is None else environ).get(RETENTION_ENV) or ""
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_RETENTION_S
+    return value if 0 < value < float("inf") else DEFAULT_RETENTION_S
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds:g} s"
 
 
 def _read_logs(logdir: str, task: str | None, tail: int | None) -> dict[str, str]:
@@ -57,6 +82,19 @@ def _tail_lines(path: str, lines: int, chunk: int = 64 * 1024) -> str:
             data = f.read(end - pos)
     text = data.decode(errors="replace")
     return "\n".join(text.splitlines()[-lines:]) + ("\n" if text.endswith("\n") else "")
+
+
+class NoSuchDetachedJob(NoSuchJob):
+    """Nothing to attach to under that name: never started, another user's, or deleted after retention.
+    One sentence for all three, so that it says nothing about other users' jobs."""
+
+    def __init__(self, name: str, retention: float):
+        super().__init__(name)
+        self.args = (
+            f"no detached tfdist job named {name!r} is waiting here: it was never started with this "
+            f"server's state directory, belongs to another user, or ended more than {_hours(retention)} ago "
+            "and its results were deleted (see %tfdist list)",
+        )
 
 
 class LocalBackend(Backend):
@@ -123,6 +161,9 @@ class LocalBackend(Backend):
             json.dump({"gpus": launch.gpus, "cwd": launch.cwd, "env": launch.env}, f)
         with open(os.path.join(d, "payload.bin"), "wb") as f:
             f.write(payload)
+        detach = bool(spec.extra.get("detach"))
+        if detach:  # the rule it was started under, whatever the environment says later
+            self._write_detached(d, {"retention_s": retention_s(), "uid": os.getuid(), "user": spec.user})
         with open(os.path.join(d, "state.json"), "w") as f:  # until the supervisor writes its own
             json.dump(
                 {
@@ -139,7 +180,8 @@ class LocalBackend(Backend):
         errlog = open(os.path.join(d, "supervisor.log"), "wb")
         proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "tfdist.runtime.supervisor", d],
-            stdin=subprocess.PIPE,  # the lifeline: we never write, we only keep it open
+            # the lifeline: we never write, we only keep it open; a detached job has none
+            stdin=subprocess.DEVNULL if detach else subprocess.PIPE,
             stdout=errlog,
             stderr=subprocess.STDOUT,
             env=env,
@@ -147,7 +189,8 @@ class LocalBackend(Backend):
             close_fds=True,
         )
         errlog.close()
-        self._lifelines[spec.name] = proc
+        if not detach:
+            self._lifelines[spec.name] = proc
         try:
             await self._wait_up(spec.name, proc)
         except BaseException:  # interrupted or failed while it came up: nothing may stay behind
@@ -155,6 +198,8 @@ class LocalBackend(Backend):
                 self._kill(proc)
             self._lifelines.pop(spec.name, None)
             raise
+        if detach:  # this kernel reaps it if it outlives the job: no zombie left behind
+            threading.Thread(target=proc.wait, name=f"tfdist-reap-{spec.name}", daemon=True).start()
 
     async def _wait_up(self, name: str, proc: subprocess.Popen) -> None:
         d = self.jobdir(name)
@@ -182,15 +227,108 @@ class LocalBackend(Backend):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
-    def _prune(self) -> None:
+    def _names(self) -> list[str]:
         try:
-            names = [n for n in os.listdir(self.state_dir) if os.path.isdir(self.jobdir(n))]
+            entries = os.listdir(self.state_dir)
         except FileNotFoundError:
-            return
+            return []
+        return sorted(n for n in entries if not n.startswith(".") and os.path.isdir(self.jobdir(n)))
+
+    def _prune(self) -> None:
+        self.expire()
+        names = [n for n in self._names() if not self._results_waiting(n)]
         finished = [n for n in names if not self.is_running(n)]
         finished.sort(key=lambda n: os.path.getmtime(self.jobdir(n)))
         for n in finished[: max(0, len(finished) - KEEP_FINISHED)]:
             shutil.rmtree(self.jobdir(n), ignore_errors=True)
+
+    # ------------------------------------------------------------------ detach / attach
+    @staticmethod
+    def _write_detached(d: str, rec: dict[str, Any]) -> None:
+        tmp = os.path.join(d, DETACHED_FILE + ".part")
+        with open(tmp, "w") as f:
+            json.dump(rec, f)
+        os.replace(tmp, os.path.join(d, DETACHED_FILE))
+
+    def _detached(self, name: str) -> dict[str, Any] | None:
+        """The detached record of a job, or None for a job that was not detached."""
+        try:
+            with open(os.path.join(self.jobdir(name), DETACHED_FILE)) as f:
+                rec = json.load(f)
+        except (OSError, ValueError, NoSuchJob):
+            return None
+        return rec if isinstance(rec, dict) else None
+
+    def _ended_at(self, name: str) -> float | None:
+        """When a job that no longer runs ended (its state file's word, else the file's age)."""
+        if self.is_running(name):
+            return None
+        path = os.path.join(self.jobdir(name), "state.json")
+        try:
+            with open(path) as f:
+                st = json.load(f)
+            if st.get("ended"):
+                return float(st["ended"])
+            mtime = os.path.getmtime(path)
+        except (OSError, ValueError, TypeError, AttributeError):
+            try:
+                mtime = os.path.getmtime(self.jobdir(name))
+            except OSError:
+                return None
+            st = {}
+        # no end recorded: a job still launching is not over; one whose supervisor vanished ended then
+        launching = st.get("state") not in ("succeeded", "failed", "stopped") and time.time() - mtime < 60
+        return None if launching else mtime
+
+    def _results_waiting(self, name: str) -> bool:
+        """A detached job whose results nobody has taken yet: not pruned with the ordinary finished jobs."""
+        rec = self._detached(name)
+        return rec is not None and "taken" not in rec
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Delete detached jobs whose retention has passed since they ended (results, logs and state);
+        the names deleted. Every use of the backend calls it: no daemon is needed for the clean-up."""
+        now = time.time() if now is None else now
+        gone = []
+        for n in self._names():
+            rec = self._detached(n)
+            if rec is None:
+                continue
+            ended = self._ended_at(n)
+            keep = rec.get("retention_s")
+            keep = float(keep) if isinstance(keep, (int, float)) else DEFAULT_RETENTION_S
+            if ended is not None and now - ended > keep:
+                shutil.rmtree(self.jobdir(n), ignore_errors=True)
+                gone.append(n)
+        return gone
+
+    def _no_detached(self, name: str) -> TfdistError:
+        return NoSuchDetachedJob(name, retention_s())
+
+    async def attach(self, name: str) -> None:
+        """Check that `name` is a detached job of this user whose results can still be taken; `watch`,
+        `status` and `fetch_result` then follow it like any job. Raises one sentence when it cannot."""
+        self.expire()
+        try:
+            d = self.jobdir(name)
+            st = os.stat(d)
+        except (NoSuchJob, OSError):  # no such directory, or not ours to read (another user's 0700 dir)
+            raise self._no_detached(name) from None
+        if st.st_uid != os.getuid():
+            raise self._no_detached(name)
+        rec = self._detached(name)
+        if rec is None:
+            if not os.path.exists(os.path.join(d, "spec.json")):
+                raise self._no_detached(name)
+            raise JobSpecError(
+                f"job {name!r} was not started with --detach: it belongs to the kernel that started it "
+                "(its results went there); `%tfdist status` and `%tfdist logs` show it"
+            )
+        if "taken" in rec:
+            raise JobSpecError(
+                f"the results of job {name!r} were already taken by an earlier attach (results come back "
+                "once; they are not kept after that)"
+            )
 
     # ------------------------------------------------------------------ control socket
     async def _request(
@@ -300,14 +438,11 @@ class LocalBackend(Backend):
         return view
 
     async def list_jobs(self) -> list[dict[str, Any]]:
-        try:
-            names = sorted(n for n in os.listdir(self.state_dir) if os.path.isdir(self.jobdir(n)))
-        except FileNotFoundError:
-            return []
+        self.expire()
         out = []
-        for n in names:
+        for n in self._names():
             with contextlib.suppress(NoSuchJob):
-                out.append((await self.status(n)).summary())
+                out.append((await self.status(n)).summary() | self.detach_summary(n))
         out.sort(key=lambda s: s.get("created") or 0, reverse=True)
         return out
 
@@ -318,16 +453,45 @@ class LocalBackend(Backend):
         # file reads off the event loop: the Jupyter server's loop serves every tab
         return await asyncio.to_thread(_read_logs, logdir, task, tail)
 
+    def detach_summary(self, name: str) -> dict[str, Any]:
+        """What the lab panel and `%tfdist list` say of a detached job: its results waiting (until when),
+        already taken, or none; nothing for an ordinary job."""
+        rec = self._detached(name)
+        if rec is None:
+            return {"detached": False}
+        out: dict[str, Any] = {"detached": True, "results": "pending"}
+        if "taken" in rec:
+            out["results"] = "taken"
+            return out
+        ended = self._ended_at(name)
+        if ended is not None:
+            has = os.path.exists(os.path.join(self.jobdir(name), "result.bin"))
+            out["results"] = "waiting" if has else "none"
+            out["kept_until"] = ended + float(rec.get("retention_s") or DEFAULT_RETENTION_S)
+        return out
+
     async def fetch_result(self, name: str) -> bytes | None:
         d = self.jobdir(name)
         path = os.path.join(d, "result.bin")
-        if not os.path.exists(path):
+        claim = f"{path}.taking-{os.getpid()}-{threading.get_ident()}"
+        try:  # atomic: of two kernels attached to one detached job, one gets the results
+            os.rename(path, claim)
+        except FileNotFoundError:
+            rec = self._detached(name)
+            if rec is not None and "taken" in rec:
+                raise JobSpecError(
+                    f"the results of job {name!r} were already taken by an earlier attach (results come "
+                    "back once; they are not kept after that)"
+                ) from None
             return None
-        with open(path, "rb") as f:
+        with open(claim, "rb") as f:
             data = f.read()
-        for fn in ("result.bin", "payload.bin"):  # may be hundreds of MB: not kept once delivered
+        for fn in (claim, os.path.join(d, "payload.bin")):  # may be hundreds of MB: not kept once delivered
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(d, fn))
+                os.unlink(fn)
+        rec = self._detached(name)
+        if rec is not None:
+            self._write_detached(d, rec | {"taken": time.time()})
         return data
 
     async def close(self) -> None:
