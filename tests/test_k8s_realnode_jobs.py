@@ -1,0 +1,215 @@
+"""`%%tfdist run` with the Kubernetes backend onto the one-machine cluster's real node: the example's PS,
+workers and coordinator train in containers, the kernel gets its model back trained, NetworkPolicy keeps
+other users out of a running job, and faults on real pods (a worker deleted, the cell interrupted, the
+notebook pod deleted, the kernel SIGKILLed) end as the README says.
+
+The kernel runs on the host and acts as the user's notebook (its service account's token, in a user
+namespace prepared by the spawner's own code); a stand-in notebook pod owns its jobs. Each job is a real
+TensorFlow job on two cores: the tests are few and each checks several things.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from tests import realnode
+from tests.realnode_jobs import (
+    build_job_image,
+    digits_kernel,
+    drop_tenant,
+    epochs_shown,
+    job_pods,
+    make_tenant,
+    notebook_cells,
+    probe_from,
+    run_line,
+    running,
+    sampled_tasks,
+    start_notebook_pod,
+    wait_for,
+    wait_gone,
+)
+
+if "tests.realnode_fixtures" not in sys.modules:
+    from tests.realnode_fixtures import real_cluster  # noqa: F401
+
+pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
+
+
+@pytest.fixture(scope="module")
+def job_image(real_cluster) -> str:
+    return build_job_image()
+
+
+@pytest.fixture
+def tenants(real_cluster, tmp_path):
+    made = []
+
+    def make(prefix: str):
+        t = make_tenant(real_cluster, prefix, tmp_path)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        drop_tenant(real_cluster, t)
+
+
+def all_running(cluster, ns: str, job: str, n: int = 4):
+    pods = running(job_pods(cluster, ns, job))
+    return pods if len(pods) == n else None
+
+
+def by_role(pods: list[dict], role: str) -> dict:
+    from tfdist.kube import manifests as mf
+
+    return next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == role)
+
+
+def test_digits_trains_in_real_pods_behind_an_enforced_policy_and_leaves_nothing(
+    real_cluster, job_image, tenants, tmp_path
+):
+    from tfdist.kube import manifests as mf
+
+    ann, bob = tenants("ann"), tenants("bob")
+    start_notebook_pod(real_cluster, ann)
+    start_notebook_pod(real_cluster, bob, forged=ann.user)  # bob's pod claims to be ann's notebook
+    k = digits_kernel(ann, job_image, tmp_path)
+    try:
+        cell = k.submit(run_line("digits"))
+        pods = wait_for(
+            "the job's 4 pods running", lambda: all_running(real_cluster, ann.namespace, "digits"), 300
+        )
+        for p in pods:  # real containers on the real node, from the job image
+            assert p["spec"]["nodeName"] == realnode.NODE_NAME
+            (cs,) = p["status"]["containerStatuses"]
+            assert cs["containerID"].startswith("containerd://") and cs["image"].endswith(
+                job_image.split("/")[-1]
+            )
+        chief, worker = by_role(pods, "chief"), by_role(pods, "worker")
+        ips = (worker["status"]["podIP"], chief["status"]["podIP"], mf.TF_PORT, mf.AGENT_PORT)
+
+        def owner_reaches_agent():
+            got = probe_from(ann.namespace, ann.notebook_pod, *ips)
+            return got if got["HEALTHZ"].startswith("200") else None
+
+        # the owner's notebook pod: the agent answers (it listens before the payload comes); the TF port
+        # is for the job's own pods only
+        mine = wait_for("the agent answering the owner's notebook", owner_reaches_agent, 180, every=1)
+        assert mine["TF"] == "BLOCKED" and mine["AGENT"] == "CONNECTED", mine
+        # another user's pod, even labelled as the owner's notebook: nothing gets through
+        theirs = probe_from(bob.namespace, bob.notebook_pod, *ips)
+        assert theirs["TF"] == "BLOCKED" and theirs["AGENT"] == "BLOCKED", theirs
+        assert theirs["HEALTHZ"].startswith("FAILED"), theirs
+        assert not k.idle_after(cell), "the job ended before the probes: they proved nothing"
+
+        r = k.wait(cell, timeout=900)
+        assert r.error is None, r.error_text
+        # the monitor showed each server pod's own CPU and memory, sampled inside the pod
+        shown = sampled_tasks(k.widget_texts())
+        for task in ("ps-0", "worker-0", "worker-1"):
+            assert task in shown and shown[task][1] > 100, (task, shown)
+        assert any(cpu > 0 for cpu, _ in shown.values()), shown
+        r = k.run(notebook_cells()[3], timeout=120)
+        assert r.error is None, r.error_text
+        assert "weights changed: True" in r.text, r.text
+        acc = float(r.text.split("->")[1].split(";")[0])
+        assert acc > 0.85, r.text
+        # the finished job cleans up after itself (TTL, then the garbage collector)
+        took = wait_gone(real_cluster, ann.namespace, "digits", 90)
+        print(f"\nfinished -> nothing of the job left: {took:.1f}s")
+    finally:
+        k.shutdown()
+
+
+def test_faults_on_real_pods(real_cluster, job_image, tenants, tmp_path):
+    """One kernel, three jobs: a worker pod deleted mid-fit (the fit completes), the cell interrupted (the
+    pods are gone within 15 s), the notebook pod deleted (the garbage collector takes every object)."""
+    ann = tenants("cy")
+    ns = ann.namespace
+    start_notebook_pod(real_cluster, ann)
+    k = digits_kernel(ann, job_image, tmp_path)
+    try:
+        # 1. a worker pod deleted mid-fit: the Job controller replaces it, TF re-sends its work
+        since = k.mark()
+        cell = k.submit(run_line("heal"))
+        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        (victim,) = [
+            p
+            for p in job_pods(real_cluster, ns, "heal", "worker")
+            if p["metadata"]["labels"][mf_index()] == "0"
+        ]
+        real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
+        assert not k.idle_after(cell), "the fit ended before the worker was deleted"
+        r = k.wait(cell, timeout=900)
+        assert r.error is None, r.error_text
+        new = [
+            p
+            for p in job_pods(real_cluster, ns, "heal", "worker")
+            if p["metadata"]["uid"] != victim["metadata"]["uid"]
+        ]
+        r = k.run("print('epochs', len(history.history['loss']), 'final', history.history['loss'][-1])")
+        assert "epochs 8 " in r.text, r.text
+        assert any("pod replaced by the cluster" in t for t in k.widget_texts(since)) or new, (
+            "no replacement seen"
+        )
+
+        # 2. the cell interrupted: every pod of the job gone within 15 s
+        cell = k.submit(run_line("stopme").replace("epochs=8", "epochs=200"))
+        wait_for("pods running", lambda: all_running(real_cluster, ns, "stopme"), 300)
+        t0 = time.monotonic()
+        k.km.interrupt_kernel()
+        r = k.wait(cell, timeout=120)
+        assert r.error and "tfdist job stopme interrupted; all its processes were ended" in r.error_text, (
+            r.error_text
+        )
+        wait_for(
+            "the interrupted job's pods gone",
+            lambda: not job_pods(real_cluster, ns, "stopme"),
+            15 - (time.monotonic() - t0) + 0.5,
+        )
+        print(f"\ninterrupt -> pods gone: {time.monotonic() - t0:.1f}s")
+        wait_gone(real_cluster, ns, "stopme", 30)
+
+        # 3. the notebook pod deleted: its jobs go with it (owner references, garbage collector)
+        cell = k.submit(run_line("owned").replace("epochs=8", "epochs=200"))
+        wait_for("pods running", lambda: all_running(real_cluster, ns, "owned"), 300)
+        root = real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs/owned")
+        assert root["metadata"]["ownerReferences"][0]["uid"] == ann.notebook_uid
+        t0 = time.monotonic()
+        real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{ann.notebook_pod}")
+        took = wait_gone(real_cluster, ns, "owned", 60)
+        print(f"\nnotebook pod deleted -> every object of its job gone: {took:.1f}s")
+        r = k.wait(cell, timeout=120)  # the cell sees its job gone and ends
+        assert r.error is not None
+    finally:
+        k.shutdown()
+
+
+def mf_index() -> str:
+    from tfdist.kube import manifests as mf
+
+    return mf.L_INDEX
+
+
+def test_a_sigkilled_kernels_job_is_gone_within_90s(real_cluster, job_image, tenants, tmp_path):
+    ann = tenants("dee")
+    ns = ann.namespace
+    k = digits_kernel(ann, job_image, tmp_path)
+    try:
+        since = k.mark()
+        k.submit(run_line("orphan").replace("epochs=8", "epochs=200"))
+        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        os.kill(k.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        took = wait_gone(real_cluster, ns, "orphan", 90)
+        print(
+            f"\nkernel SIGKILLed mid-fit -> every object of its job gone: {time.monotonic() - t0:.1f}s ({took:.1f})"
+        )
+    finally:
+        k.shutdown()
