@@ -193,3 +193,43 @@ async def test_an_agent_gone_for_good_fails_after_the_retry_window():
             await client.result()
     finally:
         await client.close()
+
+
+async def test_the_agent_serves_many_long_polls_at_once_streams_a_large_result_and_shuts_down(tmp_path):
+    """aiohttp: 40 notebooks' long polls wait without holding a thread each, /healthz still answers at
+    once, a 48 MiB result comes back whole and signed, and shutdown frees the port with polls open."""
+    state = AgentState(str(tmp_path), TOKEN)
+    port = free_port()
+    srv = serve(state, port, host="127.0.0.1")
+    url = f"http://127.0.0.1:{port}"
+    clients = [AgentClient(url, TOKEN, retry_for=2) for _ in range(40)]
+    try:
+        polls = [asyncio.ensure_future(c.request("GET", "/events?from=0")) for c in clients]
+        await asyncio.sleep(1.0)
+        assert not any(p.done() for p in polls), "a long poll answered with no event to give"
+        threads = threading.active_count()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert await clients[0].reachable()
+        assert loop.time() - t0 < 1.0, "/healthz waited behind the long polls"
+        state.log.add({"type": "progress", "phase": "fit"})
+        answers = await asyncio.wait_for(asyncio.gather(*polls), 5)
+        fit = [{"type": "progress", "phase": "fit"}]
+        assert all(json.loads(body)["events"] == fit for _, body in answers)
+        assert threads < 20, f"{threads} threads for 40 waiting polls"
+        big = bytes(range(256)) * (48 * 4096)
+        (tmp_path / "result.bin").write_bytes(big)
+        assert await clients[1].result() == big
+        late = asyncio.ensure_future(clients[2].request("GET", "/events?from=5"))
+        await asyncio.sleep(0.3)
+        t0 = loop.time()
+        await asyncio.to_thread(srv.shutdown)
+        assert loop.time() - t0 < 5
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))  # free again
+        late.cancel()
+    finally:
+        srv.shutdown()
+        for c in clients:
+            await c.close()

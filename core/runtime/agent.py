@@ -1,7 +1,8 @@
 """The coordinator pod's agent: how a notebook reaches its job on Kubernetes.
 
-A small HTTP server in the coordinator pod. The notebook PUTs the payload (any size: streamed to disk,
-not a 1 MiB ConfigMap), reads the job's events, and GETs the results; workers POST their samples. Every
+A small HTTP server in the coordinator pod (aiohttp, the maintained server the notebook's client already
+uses, on its own loop in a thread). The notebook PUTs the payload (any size: streamed to disk, not a 1 MiB
+ConfigMap), reads the job's events (a long poll), and GETs the results; workers POST their samples. Every
 call but /healthz must be signed with the job's token (a per-job Secret; tfdist.kube.signing: the token
 itself never travels) and every answer is signed back, so the notebook unpickles only what this agent
 sent; the NetworkPolicy admits only the job's pods and the notebook pod to this port.
@@ -9,20 +10,23 @@ sent; the NetworkPolicy admits only the job's pods and the notebook pod to this 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+
+from aiohttp import web
 
 from ..kube import signing
 from . import events as wire
 
 CHUNK = 1 << 20
 POLL_WAIT_S = 10.0
+MAX_POST = 64 * 2**20  # a metrics sample of a 66-task job is tens of KiB; the payload is a streamed PUT
 
 
 class JobLog:
@@ -103,135 +107,190 @@ class AgentState:
         self.finished = threading.Event()
 
 
-def make_handler(state: AgentState) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "tfdist-agent"
+def _reply(code: int, body: Any, nonce: str | None, token: str) -> web.Response:
+    """A JSON (or bytes) answer, signed over its status and body when the request was signed."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {}
+    if nonce:
+        headers[signing.RESPONSE_HEADER] = signing.sign_response(token, nonce, code, signing.digest(data))
+    return web.Response(status=code, body=data, content_type="application/json", headers=headers)
 
-        def log_message(self, fmt: str, *args: Any) -> None:  # requests are not job logs
-            pass
 
-        _nonce: str | None = None
+class _Refused(Exception):
+    def __init__(self, response: web.Response):
+        self.response = response
 
-        def _authorized(self, body_digest: str = signing.digest(b"")) -> bool:
-            try:
-                self._nonce = signing.verify_request(
-                    state.token, self.headers.get("Authorization", ""), self.command, self.path, body_digest
-                )
-            except signing.BadSignature as exc:
-                self._nonce = None
-                self._send(401, {"error": f"a request signed with the job's token is required ({exc})"})
-                return False
-            return True
 
-        def _sign(self, code: int, body_digest: str) -> None:
-            if self._nonce:
-                self.send_header(
-                    signing.RESPONSE_HEADER,
-                    signing.sign_response(state.token, self._nonce, code, body_digest),
-                )
+def make_app(state: AgentState) -> web.Application:
+    """The agent's routes. One catch-all route: a request is authenticated before its path is judged,
+    so an unsigned caller learns nothing about which paths exist."""
 
-        def _send(self, code: int, body: Any, ctype: str = "application/json") -> None:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self._sign(code, signing.digest(data))
-            self.end_headers()
-            self.wfile.write(data)
+    def authorize(request: web.Request, body_digest: str) -> str:
+        try:
+            return signing.verify_request(
+                state.token,
+                request.headers.get("Authorization", ""),
+                request.method,
+                request.raw_path,
+                body_digest,
+            )
+        except signing.BadSignature as exc:
+            raise _Refused(
+                _reply(401, {"error": f"a request signed with the job's token is required ({exc})"}, None, "")
+            ) from None
 
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            if url.path == "/healthz":
-                self._send(200, {"finished": state.finished.is_set()})
-                return
-            if not self._authorized():
-                return
-            if url.path == "/events":
-                try:
-                    start = max(0, int(parse_qs(url.query).get("from", ["0"])[0]))
-                except ValueError:
-                    self._send(400, {"error": "from must be a number"})
-                    return
-                first, evs = state.log.read(start, POLL_WAIT_S)
-                self._send(200, {"first": first, "events": evs})
-            elif url.path == "/result":
-                path = os.path.join(state.jobdir, "result.bin")
-                if not os.path.exists(path):
-                    self._send(404, {"error": "no result"})
-                    return
-                size = os.path.getsize(path)
-                h = hashlib.sha256()
-                with open(path, "rb") as f:
-                    while chunk := f.read(CHUNK):
-                        h.update(chunk)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(size))
-                self._sign(200, h.hexdigest())
-                self.end_headers()
-                with open(path, "rb") as f:
-                    while chunk := f.read(CHUNK):
-                        self.wfile.write(chunk)
-            else:
-                self._send(404, {"error": "unknown path"})
+    async def events(request: web.Request, nonce: str) -> web.StreamResponse:
+        try:
+            start = max(0, int(request.query.get("from", "0")))
+        except ValueError:
+            return _reply(400, {"error": "from must be a number"}, nonce, state.token)
+        # a long poll without a thread: the log is filled by other threads, so look again every 50 ms
+        deadline = time.monotonic() + POLL_WAIT_S
+        first, evs = state.log.read(start, 0)
+        while not evs and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            first, evs = state.log.read(start, 0)
+        return _reply(200, {"first": first, "events": evs}, nonce, state.token)
 
-        def do_PUT(self) -> None:
-            # the body is read (and hashed) before the signature over it can be checked
-            left = int(self.headers.get("Content-Length", "0"))
-            tmp = os.path.join(state.jobdir, f"payload.bin.part{threading.get_ident()}")
-            h = hashlib.sha256()
+    async def result(request: web.Request, nonce: str) -> web.StreamResponse:
+        path = os.path.join(state.jobdir, "result.bin")
+        if not os.path.exists(path):
+            return _reply(404, {"error": "no result"}, nonce, state.token)
+        size, digest = await asyncio.to_thread(_size_and_digest, path)  # hundreds of MB: off the loop
+        resp = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "application/octet-stream",
+                signing.RESPONSE_HEADER: signing.sign_response(state.token, nonce, 200, digest),
+            },
+        )
+        resp.content_length = size
+        await resp.prepare(request)
+        with open(path, "rb") as f:
+            while chunk := await asyncio.to_thread(f.read, CHUNK):
+                await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    async def put(request: web.Request) -> web.StreamResponse:
+        # the body is read (and hashed) to disk before the signature over it can be checked
+        expected = request.content_length or 0
+        tmp = os.path.join(state.jobdir, f"payload.bin.part{id(request)}")
+        h, got = hashlib.sha256(), 0
+        try:
             with open(tmp, "wb") as f:
-                while left > 0:
-                    chunk = self.rfile.read(min(CHUNK, left))
-                    if not chunk:
-                        break
-                    f.write(chunk)
+                async for chunk in request.content.iter_chunked(CHUNK):
+                    await asyncio.to_thread(f.write, chunk)
                     h.update(chunk)
-                    left -= len(chunk)
-            if not self._authorized(h.hexdigest()):
-                os.unlink(tmp)
-                return
-            if self.path != "/payload" or state.payload_ready.is_set():
-                os.unlink(tmp)
-                ok = state.payload_digest == h.hexdigest()  # a retried upload of the same payload
-                self._send(
-                    200 if ok else 409, {"ok": True} if ok else {"error": "another payload was received"}
-                )
-                return
-            if left:
-                os.unlink(tmp)
-                self._send(400, {"error": "the payload was cut short"})
-                return
-            state.payload_digest = h.hexdigest()
-            os.replace(tmp, os.path.join(state.jobdir, "payload.bin"))
-            state.payload_ready.set()
-            self._send(200, {"ok": True})
+                    got += len(chunk)
+            nonce = authorize(request, h.hexdigest())
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        if request.raw_path != "/payload" or state.payload_ready.is_set():
+            os.unlink(tmp)
+            ok = state.payload_digest == h.hexdigest()  # a retried upload of the same payload
+            body = {"ok": True} if ok else {"error": "another payload was received"}
+            return _reply(200 if ok else 409, body, nonce, state.token)
+        if got < expected:
+            os.unlink(tmp)
+            return _reply(400, {"error": "the payload was cut short"}, nonce, state.token)
+        state.payload_digest = h.hexdigest()
+        os.replace(tmp, os.path.join(state.jobdir, "payload.bin"))
+        state.payload_ready.set()
+        return _reply(200, {"ok": True}, nonce, state.token)
 
-        def do_POST(self) -> None:
-            n = int(self.headers.get("Content-Length", "0"))
-            body = self.rfile.read(n) if n else b""
-            if not self._authorized(signing.digest(body)):
-                return
-            body = body or b"{}"
-            if self.path == "/metrics":
-                ev = wire.loads(body)
-                if ev.get("type") == "metrics":
-                    state.metrics.add(ev)
-                self._send(200, {"ok": True})
-            elif self.path == "/done":
-                state.delivered.set()
-                self._send(200, {"ok": True})
-            else:
-                self._send(404, {"error": "unknown path"})
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        try:
+            if request.method == "GET":
+                if request.path == "/healthz":
+                    return _reply(200, {"finished": state.finished.is_set()}, None, "")
+                nonce = authorize(request, signing.digest(b""))
+                if request.path == "/events":
+                    return await events(request, nonce)
+                if request.path == "/result":
+                    return await result(request, nonce)
+                return _reply(404, {"error": "unknown path"}, nonce, state.token)
+            if request.method == "PUT":
+                return await put(request)
+            if request.method == "POST":
+                body = await request.read()
+                nonce = authorize(request, signing.digest(body))
+                if request.raw_path == "/metrics":
+                    ev = wire.loads(body or b"{}")
+                    if ev.get("type") == "metrics":
+                        state.metrics.add(ev)
+                    return _reply(200, {"ok": True}, nonce, state.token)
+                if request.raw_path == "/done":
+                    state.delivered.set()
+                    return _reply(200, {"ok": True}, nonce, state.token)
+                return _reply(404, {"error": "unknown path"}, nonce, state.token)
+            return _reply(405, {"error": f"{request.method} is not served here"}, None, "")
+        except _Refused as refused:
+            return refused.response
 
-    return Handler
+    app = web.Application(client_max_size=MAX_POST)
+    app.router.add_route("*", "/{tail:.*}", dispatch)
+    return app
 
 
-def serve(state: AgentState, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    srv = ThreadingHTTPServer((host, port), make_handler(state))
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, name="tfdist-agent", daemon=True).start()
-    return srv
+def _size_and_digest(path: str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+class AgentServer:
+    """The agent served by aiohttp on its own event loop in a background thread: the pod's entry point
+    (runtime.podmain) stays plain blocking code around the coordinator process."""
+
+    def __init__(self, state: AgentState, port: int, host: str = "0.0.0.0"):
+        self._loop = asyncio.new_event_loop()
+        self._runner = web.AppRunner(
+            make_app(state), access_log=None, handle_signals=False, shutdown_timeout=1
+        )
+        self._up = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(host, port), name="tfdist-agent", daemon=True)
+        self._thread.start()
+        self._up.wait()
+        if self._error is not None:  # a port in use: raised in the caller, as a bind error would be
+            self._thread.join()
+            raise self._error
+
+    def _run(self, host: str, port: int) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.TCPSite(self._runner, host, port).start())
+        except BaseException as exc:
+            self._error = exc
+            self._loop.run_until_complete(self._runner.cleanup())
+            self._loop.close()
+            return
+        finally:
+            self._up.set()
+        self._loop.run_forever()
+
+    def shutdown(self) -> None:
+        """Stop serving: open long polls are cut, the port is free when this returns."""
+        if self._loop.is_closed():
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        with contextlib.suppress(Exception):
+            fut.result(15)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(15)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+def serve(state: AgentState, port: int, host: str = "0.0.0.0") -> AgentServer:
+    return AgentServer(state, port, host)
 
 
 def wait_until(pred, timeout: float) -> bool:
