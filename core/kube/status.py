@@ -149,8 +149,8 @@ def view(
     done = outcome(tasks) or root_outcome(root)
     if done:
         v.apply(done)
-    elif not pods and root is None:
-        v.state, v.message = "stopped", "no objects left"
+    elif root is None:  # deleted first (stop, TTL): its pods only wait for the garbage collector
+        v.state, v.message = "stopped", "the cluster is removing its pods" if pods else "no objects left"
     elif servers_running(tasks, spec.task_count if spec else None):
         v.state, v.message = "running", "all tasks running"
     else:
