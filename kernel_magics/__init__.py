@@ -27,13 +27,12 @@ def _show_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offse
 
 def load_ipython_extension(ipython: Any) -> None:
     global _magics
-    from .magics import TfdistMagics
+    from .magics import CellInterrupted, TfdistMagics
 
+    # first, so that broken settings (SettingsError) read while loading show as one sentence too
+    ipython.set_custom_exc((TfdistError, CellInterrupted), _show_error)
     _magics = TfdistMagics(ipython)
     ipython.register_magics(_magics)
-    from .magics import CellInterrupted
-
-    ipython.set_custom_exc((TfdistError, CellInterrupted), _show_error)
     atexit.register(_magics.close)  # a clean kernel shutdown; a killed kernel is covered by the lifeline
 
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from tfdist.quantity import parse_quantity as _parse_quantity
 
 from .allocator import ModelAvailability
 from .profiles import GpuModel
@@ -43,37 +44,12 @@ __all__ = [
 STALE_AFTER_BACKOFF_S = 8.0  # after 0.5+1+2+4 s of failed retries (~7.5 s)
 log = logging.getLogger(__name__)
 
-_QTY = re.compile(r"([0-9]+(?:\.[0-9]+)?)([numkMGTPE]|[KMGTPE]i)?")
-_FACTOR = {
-    None: 1,
-    "n": 1e-9,
-    "u": 1e-6,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "E": 1e18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
-
-
 def parse_quantity(q: Any) -> float:
-    """A Kubernetes quantity ("8", "500m", "1Ki") as a number; unparseable counts as 0."""
-    if isinstance(q, bool):
+    """A quantity as a number; what does not parse counts as 0 (a node's odd field must not hide the rest)."""
+    try:
+        return _parse_quantity(q)
+    except ValueError:
         return 0.0
-    if isinstance(q, (int, float)):
-        return float(q)
-    m = _QTY.fullmatch(str(q).strip())
-    if not m:
-        return 0.0
-    return float(m.group(1)) * _FACTOR[m.group(2)]
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,6 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up chatter is not an error in the cell
         env[settings.ENV_NAMESPACE] = self.namespace
         env[settings.ENV_WORKER_IMAGE] = self.worker_image or self.image
-        env[settings.ENV_SERVICE_ACCOUNT] = self.service_account or "default"
         env[settings.ENV_USER] = self.user.name
         env[settings.ENV_POD_NAME] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
         env[settings.ENV_POD_UID] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}

@@ -57,6 +57,15 @@ class ProfilesFileError(Exception):
         super().__init__("\n".join(f"{path}: {key}: {reason}" for key, reason in problems))
 
 
+def _regex(v: str) -> str:
+    """A pattern admins write in YAML, refused at load time if Python cannot compile it."""
+    try:
+        re.compile(v)
+    except re.error as e:
+        raise ValueError(f"not a valid regular expression ({e})") from None
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -135,11 +144,7 @@ class GpuModel(_Strict):
     @field_validator("nvml_name")
     @classmethod
     def _compiles(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"not a valid regular expression ({e})") from None
-        return v
+        return _regex(v)
 
     def matches_nvml(self, name: str) -> bool:
         return re.fullmatch(self.nvml_name, name) is not None
@@ -167,11 +172,7 @@ class CustomImage(_Strict):
     @field_validator("regex")
     @classmethod
     def _compiles(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"not a valid regular expression ({e})") from None
-        return v
+        return _regex(v)
 
     def matches(self, image: str) -> bool:
         return re.fullmatch(self.regex, image) is not None

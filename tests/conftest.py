@@ -12,6 +12,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
+CLUSTER_FIXTURES = {"k8s_plane", "real_cluster"}
+_GROUP = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    """Group tests for pytest-xdist (scripts/test runs ``-n 2 --dist loadgroup``).
+
+    A module stays on one worker so its module-scoped fixtures (a trained job, a hub) are built once, and
+    every test that touches a cluster shares one worker: one control plane per run, and the kwok plane's
+    host-process pods never overlap the real node's pod network (both use 10.244.0.0/16).
+    """
+    for item in items:
+        uses_cluster = CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses_cluster or item.get_closest_marker("k8s") or item.get_closest_marker("realnode"):
+            group = "cluster"
+        else:
+            group = item.module.__name__ if item.module else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+        item.stash[_GROUP] = group
+    # the cluster group is the longest: it starts first so the other worker's modules fill in around it
+    items.sort(key=lambda it: it.stash[_GROUP] != "cluster")
+
+
 @pytest.fixture(scope="session")
 def examples_dir() -> str:
     return os.path.join(ROOT, "examples")

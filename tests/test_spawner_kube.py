@@ -110,7 +110,7 @@ async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
     assert env[settings.ENV_WORKER_IMAGE]["value"] == "registry.example.org/ml/tfdist-worker:0.1"
     assert env[settings.ENV_GPUS]["value"] == "2"
     assert env[settings.ENV_GPU_MODEL]["value"] == "h100"
-    assert env[settings.ENV_SERVICE_ACCOUNT]["value"] == "tfdist-notebook"
+    assert "TFDIST_SERVICE_ACCOUNT" not in env  # nothing in the kernel reads it (the pod spec names it)
     assert env[settings.ENV_KUEUE_QUEUE]["value"] == "ml-team"
     assert env[settings.ENV_USER]["value"] == "alice"
     assert env[settings.ENV_POD_NAME]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}

@@ -6,33 +6,12 @@ from __future__ import annotations
 import json
 
 from ..errors import BackendUnavailable, JobSpecError, TfdistError
-
-_SUFFIX = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "n": 1e-9,
-    "u": 1e-6,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "E": 1e18,
-}
+from ..quantity import parse_quantity
 
 
 def quantity(text: str) -> float:
     """A Kubernetes quantity ("500m", "4Gi", "8") as a number."""
-    text = str(text).strip()
-    for suffix in sorted(_SUFFIX, key=len, reverse=True):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * _SUFFIX[suffix]
-    return float(text)
+    return parse_quantity(text)
 
 
 def quota_sentence(message: str) -> str:
