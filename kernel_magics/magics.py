@@ -7,6 +7,7 @@ variables it reads to a coordinator process next to a PS/worker cluster, watched
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import secrets
@@ -186,9 +187,15 @@ class TfdistMagics(Magics):
         budget = memfit.server_budget(os.getppid())
         if budget is None:
             return
+        # this kernel's idle warm pool is free memory: the job takes its processes over, or it is dropped
+        local = self.backend("local")
+        pooled = local.pool_bytes() if hasattr(local, "pool_bytes") else 0
+        budget = dataclasses.replace(budget, used=max(0, budget.used - pooled))
         workers = spec.workers - 1 if spec.strategy == "allreduce" else spec.workers  # chief-0 is one
         why = memfit.refusal(workers, spec.ps, budget, memfit.load_footprint(self.settings.state_dir))
         if why:
+            if pooled:
+                local.drop_pool()
             raise TfdistError(why)
 
     def run(self, argv: list[str], cell: str) -> None:

@@ -150,6 +150,9 @@ def kernel_env(state_dir: str, **extra: str) -> dict[str, str]:
             "TFDIST_STATE_DIR": state_dir,
             "TF_CPP_MIN_LOG_LEVEL": "3",
             "PYTHONWARNINGS": "ignore",
+            # no warm pools (tfdist.backends.pool) unless a test asks: 4 idle TF processes per kernel
+            # would cost each module's kernel ~2 GiB and CPU; tests/test_warm_pool.py turns them on
+            "TFDIST_POOL_SIZE": "0",
         }
     )
     env.pop("CUDA_VISIBLE_DEVICES", None)

@@ -35,6 +35,7 @@ from ..runtime import events
 from ..runtime.netns import wrapper_command
 from ..runtime.unixsock import short_path
 from .base import Backend, Launch
+from .pool import PoolKeeper
 
 KEEP_FINISHED = 20  # finished job directories kept for `%tfdist logs`
 ISOLATION_ENV = "TFDIST_ISOLATION"  # "netns" (default) or "none"
@@ -105,6 +106,8 @@ class LocalBackend(Backend):
         self.isolation = isolation or os.environ.get(ISOLATION_ENV, "netns")
         self._lifelines: dict[str, subprocess.Popen] = {}
         self._wrapper: list[str] | None = None
+        self._pool = PoolKeeper(state_dir)  # this kernel's warm pool for its next job (backends.pool)
+        self._pool_next: tuple | None = None  # (tasks, launch env, prefix, env) of its last job
 
     # ------------------------------------------------------------------ paths
     def jobdir(self, name: str) -> str:
@@ -177,8 +180,11 @@ class LocalBackend(Backend):
         env = dict(os.environ)
         env["TFDIST_NETNS"] = "1" if prefix else "0"
         env["PYTHONUNBUFFERED"] = "1"
+        # a waiting warm pool of this kernel becomes the job's supervisor; a detached job starts fresh
+        warm = None if spec.extra.get("detach") else self._pool.take(d, env)
+        self._pool_next = None if spec.extra.get("detach") else (spec.task_count, launch.env, prefix, env)
         errlog = open(os.path.join(d, "supervisor.log"), "wb")
-        proc = subprocess.Popen(
+        proc = warm or subprocess.Popen(
             [*prefix, sys.executable, "-m", "tfdist.runtime.supervisor", d],
             # the lifeline: we never write, we only keep it open; a detached job has none
             stdin=subprocess.DEVNULL if detach else subprocess.PIPE,
@@ -352,6 +358,20 @@ class LocalBackend(Backend):
         finally:
             writer.close()
             self._release(name)
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """After a job of this kernel, a warm pool for its next one, as the pool's bounds allow."""
+        if self._pool_next is not None:
+            want, launch_env, prefix, env = self._pool_next
+            self._pool.start(prefix, want, launch_env, env)
+
+    def pool_bytes(self) -> int:
+        """Memory held by this kernel's waiting pool: free for the next job, which takes it over."""
+        return self._pool.rss()
+
+    def drop_pool(self) -> None:
+        self._pool.drop()
 
     def _release(self, name: str) -> None:
         """Once the supervisor has ended, drop our end of its lifeline and reap it."""
@@ -497,3 +517,4 @@ class LocalBackend(Backend):
     async def close(self) -> None:
         for name in list(self._lifelines):
             await self.stop(name)
+        self._pool.drop()

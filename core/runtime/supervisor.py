@@ -132,6 +132,7 @@ class Supervisor:
         self.sampler = TaskSampler()
         self.events_r: int | None = None
         self.recovery = psrestart.PsRestart(self.spec, jobdir)  # --checkpoint-every: a lost PS comes back
+        self.pool: Any = None  # a runtime.warmpool.WarmPool when this supervisor was started warm
 
     # ------------------------------------------------------------------ events
     def emit(self, ev: dict[str, Any]) -> None:
@@ -191,19 +192,23 @@ class Supervisor:
     # ------------------------------------------------------------------ processes
     async def _spawn(self, task: Task, module: str, extra_fds: tuple[int, ...] = ()) -> None:
         task.log = task.log or RollingLog(os.path.join(self.jobdir, "logs", f"{task.name}.log"))
-        task.proc = await asyncio.create_subprocess_exec(
+        argv = [self.jobdir] if module.endswith("coordinator") else []
+        cwd = self.launch.get("cwd") or self.jobdir
+        # a warm pool's zygote (TensorFlow already imported) becomes the task when it can (runtime.warmpool)
+        pooled = self.pool.become(task.name, module, argv, task.env, cwd, extra_fds) if self.pool else None
+        task.proc = pooled or await asyncio.create_subprocess_exec(
             sys.executable,
             "-u",
             "-m",
             module,
-            *([self.jobdir] if module.endswith("coordinator") else []),
+            *argv,
             env=task.env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             preexec_fn=_die_with_parent,
             pass_fds=extra_fds,
-            cwd=self.launch.get("cwd") or self.jobdir,
+            cwd=cwd,
         )
         task.reader = asyncio.ensure_future(self._read_log(task, task.proc))
         self.sampler.track(TaskProcess(task.name, task.proc.pid, [int(g) for g in task.gpus if g.isdigit()]))
@@ -586,21 +591,29 @@ class Supervisor:
             self.emit({"type": "task", "task": t.name, "state": final_task_state(state, "running")})
 
 
+async def serve(jobdir: str, pool: Any = None) -> int:
+    """Run the job in JOBDIR to its end; `pool`: the warm pool this process was started with, if any."""
+    pidfile = os.path.join(jobdir, "supervisor.pid")
+    with open(pidfile, "w") as f:
+        f.write(ProcessId.current().dumps())  # the PID alone could name another process later
+    try:
+        sup = Supervisor(jobdir)
+        sup.pool = pool
+        return await sup.run()
+    finally:
+        if pool is not None:
+            pool.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pidfile)
+
+
 def main() -> int:
     jobdir = sys.argv[1]
     if os.environ.get("TFDIST_NETNS") == "1":
         from tfdist.runtime.netns import bring_up_loopback
 
         bring_up_loopback()
-    pidfile = os.path.join(jobdir, "supervisor.pid")
-    with open(pidfile, "w") as f:
-        f.write(ProcessId.current().dumps())  # the PID alone could name another process later
-    try:
-        return asyncio.run(Supervisor(jobdir).run())
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(pidfile)
-
+    return asyncio.run(serve(jobdir))
 
 if __name__ == "__main__":
     sys.exit(main())

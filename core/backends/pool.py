@@ -1,0 +1,196 @@
+"""The kernel's warm pool for local jobs: one waiting supervisor with TensorFlow-imported zygotes.
+
+Why: most of a local job's start is every task importing TensorFlow. After a job of this kernel ends, a
+warm supervisor (tfdist.runtime.warmpool) is started with as many zygotes as that job had tasks (at most
+TFDIST_POOL_SIZE pooled processes per server, TFDIST_POOL_MEMORY bytes); the next `%%tfdist run` of this
+kernel hands it the job instead of starting a supervisor, and its tasks start with TensorFlow imported.
+
+Bounds and ownership: the pool is this kernel's alone (a child of the kernel, in the user's state
+directory: never shared between users). Its stdin is the kernel's pipe, the same lifeline as a job's, and
+its zygotes die with it (PR_SET_PDEATHSIG), so nothing of it outlives the kernel. It is started only when
+the server's memory stays under START_SHARE of its limit with it, it ends itself while idle when the
+server's use crosses warmpool.DROP_SHARE, and the magic counts it as free memory when it checks a job
+(the job turns the pool's processes into its own, or the pool is dropped first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from .. import memfit
+from ..procid import ProcessId
+
+SIZE_ENV = "TFDIST_POOL_SIZE"  # pooled processes per server, all kernels together; 0 turns the pool off
+MEMORY_ENV = "TFDIST_POOL_MEMORY"  # bytes (or 2Gi, 1500Mi) the pooled processes of a server may hold
+DEFAULT_SIZE = 4
+DEFAULT_MEMORY = 3 * memfit.GiB
+# Idle RSS of one zygote (TensorFlow 2.21 CPU build with tf_keras imported, this project's CI machine,
+# measured 591 MiB; much of it shared library pages, see README), rounded up.
+ZYGOTE_BYTES = 600 * memfit.MiB
+START_SHARE = 0.70  # a pool starts only if the server's memory use, with the pool, stays under this share
+STATE_PREFIX = "warm-pool-"
+
+
+def _parse_bytes(raw: str, default: int) -> int:
+    units = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9}
+    raw = raw.strip()
+    for u in sorted(units, key=len, reverse=True):
+        if u and raw.endswith(u):
+            num, mult = raw[: -len(u)], units[u]
+            break
+    else:
+        num, mult = raw, 1
+    try:
+        value = float(num) * mult
+    except ValueError:
+        return default
+    return int(value) if value >= 0 else default
+
+
+def configured(environ: dict[str, str] | None = None) -> tuple[int, int]:
+    """(pooled processes, bytes) allowed per server; bad values fall back to the defaults."""
+    env = os.environ if environ is None else environ
+    raw = env.get(SIZE_ENV, "").strip()
+    size = int(raw) if raw.isdigit() else DEFAULT_SIZE
+    return size, _parse_bytes(env.get(MEMORY_ENV, ""), DEFAULT_MEMORY)
+
+
+def live_pools(state_dir: str) -> list[dict]:
+    """The pools of this state directory whose warm supervisor still runs and waits (any kernel)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for path in Path(state_dir).glob(STATE_PREFIX + "*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                rec = json.loads(path.read_text())
+                if ProcessId(int(rec["pid"]), float(rec["started"])).alive():
+                    out.append(rec)
+    return out
+
+
+def plan_size(
+    want: int, state_dir: str, server_pid: int | None, environ: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """How many zygotes a new pool may have (0: none) and, when fewer than wanted, why."""
+    size, memory = configured(environ)
+    others = sum(len(r.get("zygotes") or []) for r in live_pools(state_dir))
+    n = min(want, size - others, memory // ZYGOTE_BYTES - others)
+    if n <= 0:
+        return 0, f"the server's pool is full ({SIZE_ENV}={size}, {MEMORY_ENV}={memory}, {others} pooled)"
+    budget = memfit.server_budget(server_pid, environ) if server_pid else None
+    if budget is not None:
+        while n > 0 and budget.used + n * ZYGOTE_BYTES > START_SHARE * budget.limit:
+            n -= 1
+        if n <= 0:
+            return 0, (
+                f"the server's memory is short ({budget.used / memfit.GiB:.2f} of "
+                f"{budget.limit / memfit.GiB:.2f} GiB in use)"
+            )
+    return n, "" if n == want else f"{n} of {want} (bounded by size and memory)"
+
+
+class PoolKeeper:
+    """At most one waiting warm supervisor for this kernel."""
+
+    def __init__(self, state_dir: str):
+        self.state_dir = state_dir
+        self.proc: subprocess.Popen | None = None
+        self.statefile = os.path.join(state_dir, f"{STATE_PREFIX}{os.getpid()}.json")
+        self.last_refusal = ""
+
+    def start(self, prefix: list[str], want: int, launch_env: dict[str, str], env: dict[str, str]) -> bool:
+        """Start a pool of up to `want` zygotes for the server named in `launch_env` (the job's launch
+        environment), with `env` (a supervisor's), unless one waits already or the bounds say no."""
+        pid = str(launch_env.get(memfit.SERVER_PID_ENV, ""))
+        server_pid = int(pid) if pid.isdigit() else None
+        if self.alive():
+            return True
+        self.drop()
+        n, why = plan_size(want, self.state_dir, server_pid)
+        self.last_refusal = why
+        if n <= 0:
+            return False
+        log = open(os.path.join(self.state_dir, f"{STATE_PREFIX}{os.getpid()}.log"), "ab")
+        self.proc = subprocess.Popen(
+            [
+                *prefix,
+                sys.executable,
+                "-m",
+                "tfdist.runtime.warmpool",
+                str(n),
+                str(server_pid or ""),
+                self.statefile,
+            ],
+            stdin=subprocess.PIPE,  # the lifeline, then the one line that hands it a job
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # the kernel's SIGINT is for the cell
+            close_fds=True,
+        )
+        log.close()
+        return True
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def state(self) -> dict | None:
+        """The pool's own record (PIDs of its zygotes, how many are ready), once it has written it."""
+        if not self.alive():
+            return None
+        try:
+            return json.loads(Path(self.statefile).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def take(self, jobdir: str, env: dict[str, str]) -> subprocess.Popen | None:
+        """Hand the waiting pool the job in `jobdir`; the process now is that job's supervisor (its stdin
+        stays the job's lifeline). None when no pool waits: the caller starts a fresh supervisor."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            self._reap(proc)
+            return None
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps({"jobdir": jobdir, "env": env}).encode() + b"\n")
+            proc.stdin.flush()
+        except OSError:
+            self._kill(proc)
+            return None
+        return proc
+
+    def rss(self) -> int:
+        """Resident bytes of the waiting pool (its supervisor and zygotes), 0 without one."""
+        return memfit.tree_rss(self.proc.pid) if self.alive() and self.proc else 0
+
+    def drop(self) -> None:
+        """End the waiting pool, if any, and everything of it."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            self._kill(proc)
+        with contextlib.suppress(OSError):
+            os.unlink(self.statefile)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its zygotes follow (death signal)
+        PoolKeeper._reap(proc)
+
+    @staticmethod
+    def _reap(proc: subprocess.Popen | None) -> None:
+        if proc is None:
+            return
+        if proc.stdin:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired, psutil.Error):
+            proc.wait(5)
