@@ -151,11 +151,6 @@ class TfdistMagics(Magics):
                 + (f" (nor {', '.join(map(repr, undefined[1:]))})" if len(undefined) > 1 else "")
                 + ": run the cell that defines it first; nothing was started"
             )
-        if opts.detach and opts.backend != "kubernetes":
-            raise TfdistError(
-                "--detach needs the Kubernetes backend for now: a local job ends with its kernel; "
-                "nothing was started"
-            )
         gpus = _gpu_ids() if opts.backend == "local" else []
         name = opts.name or f"tfdist-{secrets.token_hex(3)}"
         spec = JobSpec(
@@ -256,12 +251,11 @@ class TfdistMagics(Magics):
         """Follow a detached job from this kernel: the live monitor, then its results in this namespace.
         Interrupting detaches again (the job goes on)."""
         name = margs.name_parser("attach").parse_args(argv).name
-        backend = self.backend(self.settings.backend)
-        if not hasattr(backend, "attach"):
-            raise TfdistError(f"the {backend.name} backend cannot attach to jobs yet")
         with stay_busy(self.shell):
-            self.portal.call(backend.attach(name), timeout=60)
+            backend = self._attach(name)
             current = self.portal.call(backend.status(name), timeout=30)
+            if current.user not in (self.settings.user, ""):  # a shared state dir: not this user's job
+                raise NoSuchJob(name)
             view = JobView(
                 name=name, user=current.user, backend=backend.name, total_tasks=current.total_tasks
             )
@@ -276,6 +270,18 @@ class TfdistMagics(Magics):
                     f"stopped following job {name}; it goes on (%tfdist attach {name})"
                 ) from None
             self._finish(backend, view, monitor, handle)
+
+    def _attach(self, name: str) -> Backend:
+        """The backend holding detached job `name` (the server's default first, then local); its own
+        sentence when none does (never started, another user's, results gone or already taken)."""
+        missing: NoSuchJob | None = None
+        for b in sorted(self._all_backends(), key=lambda b: b.name != self.settings.backend):
+            try:
+                self.portal.call(b.attach(name), timeout=60)
+                return b
+            except NoSuchJob as exc:
+                missing = missing or exc
+        raise missing or NoSuchJob(name)
 
     def _leave_picture(self, handle: Any, monitor: Any, view: JobView) -> None:
         """The run as a PNG, in place of the live widgets (or after the text monitor's lines): a saved

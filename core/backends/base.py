@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import NoSuchJob
 from ..jobspec import JobSpec
 from ..jobview import JobView
 
@@ -57,6 +58,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     async def fetch_result(self, name: str) -> bytes | None:
         """The coordinator's results bundle, once; None if the job produced none."""
+
+    async def attach(self, name: str) -> None:
+        """Take up a detached job started by an earlier kernel (then watch, status, fetch_result follow
+        it); NoSuchJob, or a subclass with a better sentence, when there is none to take up."""
+        raise NoSuchJob(name)
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release what this backend object holds (connections); running jobs are not touched."""

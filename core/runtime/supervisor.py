@@ -5,8 +5,9 @@ Usage: [unshare --net ...] python -m tfdist.runtime.supervisor JOBDIR
 It starts the PS and worker servers and the coordinator, streams their state, logs and metrics to
 whoever watches JOBDIR/control.sock, and ends them all when the coordinator finishes, on a `stop`
 request, on SIGTERM/SIGINT, or when its standard input closes (the kernel that launched it died:
-its end of that pipe is the job's lifeline). Every child is also bound to this process with
-PR_SET_PDEATHSIG, so even a SIGKILL of the supervisor leaves nothing running.
+its end of that pipe is the job's lifeline). A detached job (`--detach`) has no lifeline: it runs to its
+end without the kernel and leaves its results in JOBDIR for `%tfdist attach`. Every child is also bound to
+this process with PR_SET_PDEATHSIG, so even a SIGKILL of the supervisor leaves nothing running.
 """
 
 from __future__ import annotations
@@ -464,7 +465,8 @@ class Supervisor:
         with short_path(sock_path) as bindable:  # long homes and job names pass AF_UNIX's 107 bytes
             server = await asyncio.start_unix_server(self.serve_client, path=bindable)
         os.chmod(sock_path, 0o600)
-        bg = [asyncio.ensure_future(c) for c in (self._lifeline(), self._ticker())]
+        detached = bool(self.spec.extra.get("detach"))  # no kernel holds it: no lifeline to watch
+        bg = [asyncio.ensure_future(c) for c in ([] if detached else [self._lifeline()]) + [self._ticker()]]
         self.emit({"type": "state", "state": "starting", "message": "starting tasks"})
         outcome: tuple[str, str, dict | None]
         try:
