@@ -19,11 +19,12 @@ class GpuInventory(Protocol):
 
 
 class NvmlInventory:
-    """The real inventory. No NVML library (no driver) means no GPUs, not an error."""
+    """The real inventory. No NVML library (no driver) means no GPUs, not an error. A GPU in MIG mode is
+    listed as its MIG instances (`GpuInfo.mig_profile`), since CUDA cannot use it whole."""
 
     def gpus(self) -> list[GpuInfo]:
         with Nvml() as nvml:
-            return [g for g in map(nvml.info, nvml.indices()) if g is not None]
+            return nvml.devices()
 
 
 def parse_visible_devices(value: str | None) -> list[str] | None:
@@ -39,16 +40,18 @@ def parse_visible_devices(value: str | None) -> list[str] | None:
 def visible_gpus(
     inventory: GpuInventory | None = None, environ: dict[str, str] | None = None
 ) -> list[GpuInfo]:
-    """The GPUs this server was given: NVML's list narrowed by CUDA_VISIBLE_DEVICES (indices or UUIDs)."""
+    """The GPUs this server was given: NVML's list narrowed by CUDA_VISIBLE_DEVICES (indices or UUIDs; an
+    index of a GPU in MIG mode stands for all its MIG instances, a MIG-... UUID for one)."""
     env = os.environ if environ is None else environ
     allgpus = (inventory or NvmlInventory()).gpus()
     tokens = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
     if tokens is None:
         return allgpus
-    chosen = []
+    chosen: list[GpuInfo] = []
     for tok in tokens:
         for g in allgpus:
-            if tok == str(g.index) or tok == g.uuid:
+            if (tok == str(g.index) or tok == g.uuid) and g not in chosen:
                 chosen.append(g)
-                break
+                if not g.mig_profile:
+                    break
     return chosen

@@ -6,16 +6,36 @@ written twice they drifted. Every NVML call of the project goes through `Nvml`.
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
 
 @dataclass(frozen=True)
 class GpuInfo:
-    index: int  # NVML index on this machine (what CUDA_VISIBLE_DEVICES names)
-    name: str  # model, e.g. "NVIDIA H100 80GB HBM3"
-    uuid: str
+    """One device a server can be given: a whole GPU, or one MIG instance of a GPU in MIG mode."""
+
+    index: int  # NVML index on this machine (of the parent GPU, for a MIG instance)
+    name: str  # model, e.g. "NVIDIA H100 80GB HBM3" (the parent's, for a MIG instance)
+    uuid: str  # "GPU-..." or, for a MIG instance, "MIG-..."
     memory_total_mib: float
+    #: the MIG profile ("1g.10gb") of a MIG instance; "" for a whole GPU
+    mig_profile: str = ""
+
+    @property
+    def cuda_id(self) -> str:
+        """What CUDA_VISIBLE_DEVICES names it by: the index of a whole GPU, the UUID of a MIG instance
+        (CUDA accepts only UUIDs for MIG devices)."""
+        return self.uuid if self.mig_profile else str(self.index)
+
+
+# "NVIDIA A100-SXM4-80GB MIG 1g.10gb": what NVML names a MIG device
+_MIG_NAME = re.compile(r"^(?P<parent>.*?)\s*MIG\s+(?P<profile>\d+g\.\d+gb)\b")
+
+
+def _suppress() -> contextlib.suppress:
+    return contextlib.suppress(Exception)
 
 
 def _text(v: Any) -> str:
@@ -75,6 +95,67 @@ class Nvml:
             )
         except Exception:
             return None
+
+    def mig_instances(self, index: int) -> list[GpuInfo] | None:
+        """The MIG instances of GPU `index` when it is in MIG mode (maybe none yet), else None.
+
+        A GPU in MIG mode cannot be used whole: CUDA sees only its instances, each by its UUID."""
+        h = self._handles.get(index)
+        if h is None:
+            return None
+        lib = self._lib
+        try:
+            current, _pending = lib.nvmlDeviceGetMigMode(h)
+        except Exception:  # no MIG support (most GPUs), or an old driver
+            return None
+        if current != getattr(lib, "NVML_DEVICE_MIG_ENABLE", 1):
+            return None
+        parent = self.info(index)
+        if parent is None:
+            return []
+        out = []
+        try:
+            slots = lib.nvmlDeviceGetMaxMigDeviceCount(h)
+        except Exception:
+            return []
+        for slot in range(slots):
+            try:
+                m = lib.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+            except Exception:  # an empty slot (NVML_ERROR_NOT_FOUND)
+                continue
+            try:
+                uuid = _text(lib.nvmlDeviceGetUUID(m))
+                mem = lib.nvmlDeviceGetMemoryInfo(m).total / 2**20
+                profile = self._mig_profile(m)
+            except Exception:
+                continue
+            if profile:
+                out.append(GpuInfo(index, parent.name, uuid, mem, mig_profile=profile))
+        return out
+
+    def _mig_profile(self, mig: Any) -> str:
+        """'1g.10gb' from the device's name; else from its slices and memory (the nearest known profile)."""
+        from tfdist.spawner.mig import profile_for
+
+        with _suppress():
+            found = _MIG_NAME.match(_text(self._lib.nvmlDeviceGetName(mig)))
+            if found:
+                return found["profile"]
+        with _suppress():
+            attrs = self._lib.nvmlDeviceGetAttributes(mig)
+            return profile_for(int(attrs.gpuInstanceSliceCount), float(attrs.memorySizeMB) / 1024)
+        return ""
+
+    def devices(self) -> list[GpuInfo]:
+        """What can be handed out: every GPU not in MIG mode, and every MIG instance of those that are."""
+        out: list[GpuInfo] = []
+        for i in self.indices():
+            migs = self.mig_instances(i)
+            if migs is not None:
+                out += migs
+            elif (g := self.info(i)) is not None:
+                out.append(g)
+        return out
 
     def usage(self, index: int) -> dict[str, float | None]:
         """Utilization and memory now (nvidia-smi's utilization.gpu, memory.used, memory.total)."""

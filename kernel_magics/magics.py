@@ -67,7 +67,7 @@ def _require_tensorflow() -> None:
 
 
 def _gpu_ids() -> list[str]:
-    return [str(g.index) for g in visible_gpus()]
+    return [g.cuda_id for g in visible_gpus()]  # indices; MIG instances by UUID
 
 
 class CellInterrupted(KeyboardInterrupt):

@@ -16,9 +16,13 @@ from dataclasses import dataclass
 
 from tfdist.gpus import GpuInfo, GpuInventory, visible_gpus
 
+from .mig import mig_profile
 from .profiles import GpuModel
 
-__all__ = ["CorePicker", "GpuAllocator", "GpuShortage", "ModelAvailability"]
+__all__ = ["CorePicker", "DeviceKey", "GpuAllocator", "GpuShortage", "ModelAvailability", "device_key"]
+
+#: a handed-out device: a whole GPU by NVML index, a MIG instance by its UUID ("MIG-...")
+DeviceKey = int | str
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +51,21 @@ class GpuShortage(Exception):
         self.free = free
 
 
+def device_key(g: GpuInfo) -> DeviceKey:
+    """How the allocator and the saved server state name a device: whole GPUs by index (as CUDA numbers
+    them), MIG instances by UUID (the only name CUDA accepts for them, and stable across reboots)."""
+    return g.uuid if g.mig_profile else g.index
+
+
+def _order(k: DeviceKey) -> tuple[bool, int, str]:
+    return (isinstance(k, str), k if isinstance(k, int) else 0, str(k))
+
+
 class GpuAllocator:
-    """Which server holds which GPU index on this machine.
+    """Which server holds which GPU (index) or MIG instance (UUID) on this machine.
+
+    A GPU model whose resource names a MIG profile (``nvidia.com/mig-1g.10gb``) is served by MIG instances
+    of that profile, each exclusive like a whole GPU; every other model by whole GPUs not in MIG mode.
 
     Owners are opaque strings (``user/server``). The inventory is read once and cached: GPUs do not come and
     go while the hub runs, and NVML calls cost milliseconds a form render should not pay.
@@ -62,7 +79,7 @@ class GpuAllocator:
         self._inventory = inventory
         self._environ = environ
         self._gpus: list[GpuInfo] | None = None
-        self._held: dict[int, str] = {}
+        self._held: dict[DeviceKey, str] = {}
         self._lock = threading.Lock()
 
     def gpus(self) -> list[GpuInfo]:
@@ -72,7 +89,8 @@ class GpuAllocator:
         return self._gpus
 
     def _matching(self, model: GpuModel) -> list[GpuInfo]:
-        return [g for g in self.gpus() if model.matches_nvml(g.name)]
+        profile = mig_profile(model.resource)
+        return [g for g in self.gpus() if g.mig_profile == profile and model.matches_nvml(g.name)]
 
     def availability(self, models: Mapping[str, GpuModel]) -> dict[str, ModelAvailability]:
         with self._lock:
@@ -80,29 +98,30 @@ class GpuAllocator:
             for key, model in models.items():
                 match = self._matching(model)
                 out[key] = ModelAvailability(
-                    free=sum(1 for g in match if g.index not in self._held), total=len(match)
+                    free=sum(1 for g in match if device_key(g) not in self._held), total=len(match)
                 )
             return out
 
     def reserve(self, owner: str, model_key: str, model: GpuModel, count: int) -> list[GpuInfo]:
-        """Take `count` free GPUs of `model` for `owner` (lowest indices first), or raise GpuShortage."""
+        """Take `count` free GPUs (or MIG instances) of `model` for `owner` (lowest indices first), or
+        raise GpuShortage."""
         if count <= 0:
             return []
         with self._lock:
-            free = [g for g in self._matching(model) if g.index not in self._held]
+            free = [g for g in self._matching(model) if device_key(g) not in self._held]
             if len(free) < count:
                 raise GpuShortage(model_key, count, len(free))
             taken = free[:count]
             for g in taken:
-                self._held[g.index] = owner
+                self._held[device_key(g)] = owner
             return taken
 
     def adopt(
         self,
         owner: str,
-        indices: Iterable[int],
+        indices: Iterable[DeviceKey],
         logger: logging.Logger | logging.LoggerAdapter = log,
-    ) -> list[int]:
+    ) -> list[DeviceKey]:
         """Re-register GPUs a still-running server held before a hub restart; returns those now held.
 
         An index another owner holds already is not taken (it stays with that owner), but the server still
@@ -130,9 +149,9 @@ class GpuAllocator:
             for i in [i for i, o in self._held.items() if o == owner]:
                 del self._held[i]
 
-    def held_by(self, owner: str) -> list[int]:
+    def held_by(self, owner: str) -> list[DeviceKey]:
         with self._lock:
-            return sorted(i for i, o in self._held.items() if o == owner)
+            return sorted((i for i, o in self._held.items() if o == owner), key=_order)
 
 
 class CorePicker:

@@ -2,9 +2,10 @@
 
 Why: a team with one multi-GPU box should get the same form and rules as on Kubernetes without a cluster.
 GPUs come from NVML (or a configured inventory) and are handed out exclusively through
-``CUDA_VISIBLE_DEVICES``; CPU cores by affinity; memory by a cgroup v2 limit where one is writable, else the
-watchdog fallback (see limits.py). Servers run as the hub's own Unix user (SimpleLocalProcessSpawner): this
-mode is for a team that trusts each other on a shared machine, not for isolating strangers.
+``CUDA_VISIBLE_DEVICES`` (a GPU in MIG mode as its MIG instances, by UUID); CPU cores by affinity; memory
+by a cgroup v2 limit where one is writable, else the watchdog fallback (see limits.py). Servers run as the
+hub's own Unix user (SimpleLocalProcessSpawner): this mode is for a team that trusts each other on a shared
+machine, not for isolating strangers.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tfdist import settings
 from tfdist.gpus import GpuInventory, NvmlInventory
 from tfdist.procid import ProcessId
 
-from .allocator import CorePicker, GpuAllocator, GpuShortage, ModelAvailability
+from .allocator import CorePicker, DeviceKey, GpuAllocator, GpuShortage, ModelAvailability, device_key
 from .base import GpuFormMixin, user_error
 from .limits import CgroupV2, enforce_once, find_cgroup_parent, kill_recorded, record_tree
 from .profiles import Profile, ProfilesConfig
@@ -90,7 +91,7 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
         True, config=True, help="Set CUDA_VISIBLE_DEVICES='' for a 0-GPU server so it cannot touch any GPU."
     )
 
-    _tfdist_gpu_indices: list[int]
+    _tfdist_gpu_indices: list[DeviceKey]  # GPU indices and MIG instance UUIDs
     _tfdist_core_list: list[int]
     _tfdist_watchdog: PeriodicCallback | None = None
     _tfdist_cgroup_path: Path | None = None
@@ -191,7 +192,7 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
                     f"{model.display_name}: you asked for {e.asked} GPU{'s' if e.asked != 1 else ''} "
                     f"but only {e.free} free right now."
                 ) from None
-        self._tfdist_gpu_indices = [g.index for g in gpus]
+        self._tfdist_gpu_indices = [device_key(g) for g in gpus]
         self._tfdist_core_list = self.tfdist_cores().pick(owner, choice.cpu)
         self._tfdist_mem_limit = choice.memory_bytes
         self._tfdist_tree = {}
@@ -367,7 +368,7 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
         if not psutil.pid_exists(self.pid):
             return
         owner = self.tfdist_owner
-        gpus = [int(i) for i in state.get("tfdist_gpus") or [] if isinstance(i, int)]
+        gpus = [i for i in state.get("tfdist_gpus") or [] if _saved_device(i)]
         self._tfdist_gpu_indices = self.tfdist_allocator().adopt(owner, gpus, self.log)
         cores = [int(c) for c in state.get("tfdist_cores") or [] if isinstance(c, int)]
         self.tfdist_cores().adopt(owner, cores)
@@ -407,6 +408,14 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
         super().clear_state()
         if had_pid:
             self._tfdist_release()
+
+
+def _saved_device(v: Any) -> bool:
+    """A device key from saved state (data: it goes into CUDA_VISIBLE_DEVICES, so nothing but an index or
+    a MIG UUID)."""
+    return (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (
+        isinstance(v, str) and re.fullmatch(r"MIG-[0-9A-Za-z-]+(/[0-9]+/[0-9]+)?", v) is not None
+    )
 
 
 def _default_inventory() -> GpuInventory:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["KNOWN_MIG_PROFILES", "check_mig_resource"]
+__all__ = ["KNOWN_MIG_PROFILES", "check_mig_resource", "mig_profile", "profile_for"]
 
 _BY_GPU = {
     "A30": "1g.6gb 2g.12gb 4g.24gb",
@@ -36,3 +36,19 @@ def check_mig_resource(resource: str) -> str:
         what = "an unknown MIG profile" if shape else "not a MIG profile name (like 1g.10gb)"
         raise ValueError(f"{profile!r} is {what}; known MIG profiles: {known}")
     return resource
+
+
+def mig_profile(resource: str) -> str:
+    """The MIG profile a GPU model's resource names ("1g.10gb" for nvidia.com/mig-1g.10gb), "" for none.
+
+    The embedded hub hands out MIG instances of that profile for such a model, whole GPUs for the others."""
+    return resource[len(_PREFIX) :] if resource.startswith(_PREFIX) else ""
+
+
+def profile_for(slices: int, memory_gib: float) -> str:
+    """The known profile with `slices` compute slices whose memory is nearest `memory_gib` (NVML's
+    attributes of a MIG device whose name does not carry its profile); "" when none has that many slices."""
+    same = [p for p in KNOWN_MIG_PROFILES if p.startswith(f"{slices}g.")]
+    if not same:
+        return ""
+    return min(same, key=lambda p: (abs(int(p.split(".")[1][:-2]) - memory_gib), p))

@@ -7,7 +7,11 @@ idle by rewriting the file. Put this folder first on PYTHONPATH of the process t
 the NVML calls (visible_gpus, CUDA_VISIBLE_DEVICES narrowing, the samplers) is the production code.
 
 File: ``{"gpus": [{"name": "...", "uuid": "GPU-...", "memory_total_mib": 81559, "util": 0,
-"mem_used_mib": 0}, ...]}``.
+"mem_used_mib": 0}, ...]}``. A GPU in MIG mode adds ``"mig": [{"profile": "1g.10gb", "uuid": "MIG-...",
+"memory_total_mib": 9728}, null, ...]`` (null: an empty slot), answered as NVML answers for MIG devices
+(name "<GPU name> MIG <profile>", or without the profile where ``"name_has_profile": false``, for the
+attributes fallback; no utilization). ``"mig_mode": 0`` is a MIG-capable GPU with MIG off; a GPU without
+either key is one without MIG support (NVML says "Not Supported").
 """
 
 from __future__ import annotations
@@ -17,9 +21,29 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
+
 
 class NVMLError(Exception):
     pass
+
+
+Handle = int | tuple[int, int]  # a GPU by index; a MIG device by (GPU index, slot)
+
+
+def _dev(h: Handle) -> dict[str, Any]:
+    """The JSON entry of a GPU, or of a MIG device (with its parent's name)."""
+    devs = _devices()
+    if isinstance(h, tuple):
+        gpu, slot = h
+        mig = dict(devs[gpu]["mig"][slot])
+        mig["name"] = devs[gpu]["name"]
+        if mig.get("name_has_profile", True):
+            mig["name"] += f" MIG {mig['profile']}"
+        mig["is_mig"] = True
+        return mig
+    return devs[h]
 
 
 def _devices() -> list[dict[str, Any]]:
@@ -48,21 +72,49 @@ def nvmlDeviceGetHandleByIndex(i: int) -> int:
     return i
 
 
-def nvmlDeviceGetName(h: int) -> str:
-    return str(_devices()[h]["name"])
+def nvmlDeviceGetName(h: Handle) -> str:
+    return str(_dev(h)["name"])
 
 
-def nvmlDeviceGetUUID(h: int) -> str:
-    return str(_devices()[h]["uuid"])
+def nvmlDeviceGetUUID(h: Handle) -> str:
+    return str(_dev(h)["uuid"])
 
 
-def nvmlDeviceGetMemoryInfo(h: int) -> SimpleNamespace:
-    d = _devices()[h]
+def nvmlDeviceGetMemoryInfo(h: Handle) -> SimpleNamespace:
+    d = _dev(h)
     total = float(d.get("memory_total_mib", 81559.0)) * 2**20
     used = float(d.get("mem_used_mib", 0.0)) * 2**20
     return SimpleNamespace(total=int(total), used=int(used), free=int(total - used))
 
 
-def nvmlDeviceGetUtilizationRates(h: int) -> SimpleNamespace:
-    d = _devices()[h]
+def nvmlDeviceGetUtilizationRates(h: Handle) -> SimpleNamespace:
+    d = _dev(h)
+    if d.get("is_mig"):
+        raise NVMLError("Not Supported")  # NVML has no utilization per MIG device
     return SimpleNamespace(gpu=int(d.get("util", 0)), memory=0)
+
+
+def nvmlDeviceGetMigMode(h: int) -> list[int]:
+    d = _devices()[h]
+    if "mig_mode" not in d and "mig" not in d:
+        raise NVMLError("Not Supported")
+    mode = int(d.get("mig_mode", NVML_DEVICE_MIG_ENABLE))
+    return [mode, mode]
+
+
+def nvmlDeviceGetMaxMigDeviceCount(h: int) -> int:
+    return int(_devices()[h].get("mig_slots", 7))
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(h: int, slot: int) -> tuple[int, int]:
+    migs = _devices()[h].get("mig") or []
+    if not 0 <= slot < len(migs) or migs[slot] is None:
+        raise NVMLError("Not Found")
+    return (h, slot)
+
+
+def nvmlDeviceGetAttributes(h: tuple[int, int]) -> SimpleNamespace:
+    d = _dev(h)
+    return SimpleNamespace(
+        gpuInstanceSliceCount=int(d["profile"].split("g.")[0]), memorySizeMB=int(d["memory_total_mib"])
+    )
