@@ -159,6 +159,56 @@ async def _stop_ends_every_process_of_the_job(jp_fetch, state_dir):
         await submitter.close()
 
 
+async def _detached_jobs(jp_fetch, state_dir):
+    """The panel's rows and views say which jobs are detached and where their results are; a detached job
+    (no kernel holds it) is stopped from the panel and leaves no process."""
+    ended = time.time() - 60
+    for name, user, extra in (
+        ("waiting", ME, {"retention_s": 3600}),
+        ("taken", ME, {"retention_s": 3600, "taken": ended + 5}),
+        ("theirs", OTHER, {"retention_s": 3600}),
+    ):
+        d = fake_job(state_dir, name, user, state="succeeded")
+        with open(os.path.join(d, "state.json"), "w") as f:
+            json.dump({"state": "succeeded", "message": "finished", "created": ended - 30, "ended": ended}, f)
+        with open(os.path.join(d, "detached.json"), "w") as f:
+            json.dump({"uid": os.getuid(), "user": user, **extra}, f)
+        if "taken" not in extra:
+            with open(os.path.join(d, "result.bin"), "wb") as f:
+                f.write(b"results")
+    fake_job(state_dir, "plain", ME, state="succeeded")
+    submitter = LocalBackend(state_dir)
+    spec = JobSpec(name="away", user=ME, workers=1, ps=1, extra={"detach": True})
+    payload = pack("import time\ntime.sleep(300)\n", [], {})
+    await submitter.submit(spec, payload, Launch(env={"TF_CPP_MIN_LOG_LEVEL": "3"}))
+    try:
+        assert not submitter._lifelines, "a detached job has no lifeline to its kernel"
+        jobs = {j["name"]: j for j in (await get_json(jp_fetch, "jobs"))["jobs"]}
+        assert sorted(jobs) == ["away", "plain", "taken", "waiting"]  # not another user's
+        assert (jobs["away"]["detached"], jobs["away"]["results"]) == (True, "pending")
+        assert (jobs["waiting"]["results"], jobs["waiting"]["kept_until"]) == ("waiting", ended + 3600)
+        assert jobs["taken"]["results"] == "taken" and jobs["plain"]["detached"] is False
+        view = await get_json(jp_fetch, "jobs", "waiting")
+        assert view["summary"]["detached"] and view["summary"]["results"] == "waiting"
+        with pytest.raises(HTTPClientError) as e:
+            await get_json(jp_fetch, "jobs", "theirs")
+        assert e.value.code == 404
+
+        deadline = time.time() + 180
+        while (await get_json(jp_fetch, "jobs", "away"))["state"] != "running" and time.time() < deadline:
+            await asyncio.sleep(1)
+        with open(os.path.join(state_dir, "away", "supervisor.pid")) as f:
+            sup = psutil.Process(json.load(f)["pid"])
+        pids = [sup.pid] + [c.pid for c in sup.children(recursive=True)]
+        result = await get_json(jp_fetch, "jobs", "away", "stop", method="POST")
+        assert result["stopped"] is True and result["state"] == "stopped", result
+        assert wait_gone(pids, 15) == []
+        view = await get_json(jp_fetch, "jobs", "away")
+        assert view["state"] == "stopped" and view["summary"]["results"] == "none"
+    finally:
+        await submitter.stop("away")
+
+
 # pytest-jupyter serves on its own loop (jp_asyncio_loop); pytest-asyncio (asyncio_mode=auto) would run an
 # async test on another one, where the server never answers. So the tests are sync and drive that loop.
 
@@ -182,6 +232,10 @@ def test_gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp,
 @pytest.mark.slow
 def test_stop_ends_every_process_of_the_job(jp_fetch, state_dir, jp_asyncio_loop) -> None:
     jp_asyncio_loop.run_until_complete(_stop_ends_every_process_of_the_job(jp_fetch, state_dir))
+
+
+def test_detached_jobs_are_shown_with_their_results_and_stop(jp_fetch, state_dir, jp_asyncio_loop) -> None:
+    jp_asyncio_loop.run_until_complete(_detached_jobs(jp_fetch, state_dir))
 
 
 def test_shared_reads_coalesce_tabs_and_do_not_cache_errors():

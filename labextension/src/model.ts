@@ -42,6 +42,12 @@ export interface IJobSummary {
   epochs: number | null;
   gpu_util: number[];
   cpu_total: number;
+  /** local backend: started with --detach (no kernel holds it) */
+  detached?: boolean;
+  /** a detached job's results: pending (still running), waiting, taken (by an attach), none */
+  results?: string;
+  /** until when (epoch seconds) waiting results are kept */
+  kept_until?: number;
 }
 
 export interface ITaskSample {
@@ -195,6 +201,28 @@ export function jobUtil(j: IJobSummary): number | null {
     return j.gpu_util.reduce((a, b) => a + b, 0) / j.gpu_util.length;
   }
   return typeof j.cpu_total === 'number' ? j.cpu_total : null;
+}
+
+/** What the panel says of a detached job (it runs without a kernel; its results wait for an attach);
+ * null for an ordinary job. `when` formats the time results are kept until. */
+export function detachedText(
+  j: Pick<IJobSummary, 'name' | 'detached' | 'results' | 'kept_until'>,
+  when: (t: number) => string = t => new Date(t * 1000).toLocaleString()
+): string | null {
+  if (!j.detached) {
+    return null;
+  }
+  const attach = `%tfdist attach ${j.name}`;
+  switch (j.results) {
+    case 'waiting':
+      return `Detached: results wait for ${attach} until ${j.kept_until ? when(j.kept_until) : 'the retention time'}.`;
+    case 'taken':
+      return 'Detached: its results were taken by an attach.';
+    case 'none':
+      return 'Detached: it ended without results.';
+    default:
+      return `Detached: runs without a kernel; ${attach} follows it and brings its results.`;
+  }
 }
 
 /** Why Stop cannot be pressed now, in words for its tooltip and hint; null when it can. */

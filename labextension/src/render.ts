@@ -3,7 +3,7 @@
  * Job names, messages and log lines are user text: they only ever go through `textContent`
  * (never innerHTML), so `<img src=x onerror=...>` in a name is shown, not run.
  */
-import { IJobDetail, IJobSummary, Series, TERMINAL, stopUnavailable, taskSeries } from './model';
+import { IJobDetail, IJobSummary, Series, TERMINAL, detachedText, stopUnavailable, taskSeries } from './model';
 
 const SVG = 'http://www.w3.org/2000/svg';
 
@@ -68,10 +68,18 @@ export function renderJobList(
       li.classList.add('tfdist-selected');
     }
     // the full name wraps (a narrow panel must still tell jobs apart) and is the tooltip's first line
-    li.title = [j.name, `${j.state}${j.message ? `: ${j.message}` : ''}`].join('\n');
+    const detached = detachedText(j);
+    li.title = [j.name, `${j.state}${j.message ? `: ${j.message}` : ''}`, ...(detached ? [detached] : [])].join(
+      '\n'
+    );
     li.appendChild(el(doc, 'span', 'tfdist-job-name', j.name));
     const row = el(doc, 'span', 'tfdist-job-row');
     row.appendChild(el(doc, 'span', `tfdist-state tfdist-state-${safeClass(j.state)}`, j.state));
+    if (detached) {
+      const badge = el(doc, 'span', 'tfdist-detached', 'detached');
+      badge.title = detached;
+      row.appendChild(badge);
+    }
     const kind = j.gpu_util.length > 0 ? `GPU×${j.gpu_util.length}` : 'CPU';
     row.appendChild(el(doc, 'span', 'tfdist-kind', kind));
     row.appendChild(sparkline(doc, history.get(j.name) ?? []));
@@ -124,6 +132,10 @@ export function renderJobDetail(
   }
   if (detail.message) {
     container.appendChild(el(doc, 'div', 'tfdist-message', detail.message));
+  }
+  const detached = detail.summary ? detachedText(detail.summary) : null;
+  if (detached) {
+    container.appendChild(el(doc, 'div', 'tfdist-detached-note', detached));
   }
   const progress = progressText(detail);
   if (progress) {

@@ -6,7 +6,7 @@ import { test } from 'node:test';
 
 import { JSDOM } from 'jsdom';
 
-import { IJobDetail, IJobSummary, IJobsApi, JobsModel, jobUtil, statusText, taskSeries } from '../model';
+import { IJobDetail, IJobSummary, IJobsApi, JobsModel, detachedText, jobUtil, statusText, taskSeries } from '../model';
 import { renderJobDetail, renderJobList } from '../render';
 
 const EVIL = '<img src=x onerror=alert(1)>';
@@ -166,4 +166,35 @@ test('the job view renders name, message and log lines as text, with a Stop butt
   const ended = { ...detail('a'), state: 'stopped' };
   renderJobDetail(c, ended, 'a', false, () => undefined, () => undefined);
   assert.equal((c.querySelector('.tfdist-stop') as HTMLButtonElement).disabled, true);
+});
+
+test('a detached job is marked in the list and its view says where its results are', () => {
+  const at = (t: number) => `t=${t}`;
+  assert.equal(detachedText(summary('plain')), null);
+  assert.equal(
+    detachedText(summary('a', { detached: true, results: 'pending' }), at),
+    'Detached: runs without a kernel; %tfdist attach a follows it and brings its results.'
+  );
+  assert.equal(
+    detachedText(summary('a', { state: 'succeeded', detached: true, results: 'waiting', kept_until: 90 }), at),
+    'Detached: results wait for %tfdist attach a until t=90.'
+  );
+  assert.equal(detachedText(summary('a', { detached: true, results: 'taken' })), 'Detached: its results were taken by an attach.');
+  assert.equal(detachedText(summary('a', { detached: true, results: 'none' })), 'Detached: it ended without results.');
+
+  const doc = dom();
+  const c = doc.createElement('div');
+  const m = new JobsModel(fakeApi([]));
+  m.setJobs([summary('away', { state: 'succeeded', detached: true, results: 'waiting', kept_until: 90 }), summary('plain')]);
+  renderJobList(c, m.jobs, m.history, null, () => undefined);
+  const rows = [...c.querySelectorAll('.tfdist-job')] as HTMLElement[];
+  const away = rows.find(r => r.querySelector('.tfdist-job-name')!.textContent === 'away')!;
+  const plain = rows.find(r => r.querySelector('.tfdist-job-name')!.textContent === 'plain')!;
+  assert.equal(away.querySelector('.tfdist-detached')!.textContent, 'detached');
+  assert.ok(away.title.includes('results wait for %tfdist attach away until'));
+  assert.equal(plain.querySelector('.tfdist-detached'), null);
+
+  const d = { ...detail('away'), state: 'succeeded', summary: summary('away', { detached: true, results: 'taken' }) };
+  renderJobDetail(c, d, 'away', false, () => undefined, () => undefined);
+  assert.equal(c.querySelector('.tfdist-detached-note')!.textContent, 'Detached: its results were taken by an attach.');
 });
