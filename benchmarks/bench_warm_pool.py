@@ -1,0 +1,152 @@
+"""A repeated %%tfdist run (warm pool) against the bare PS launch (shared/baseline/bare_ps), same run, ratios.
+
+The kernel runs the cell once (fresh processes; the pool starts after it), waits until the pool's
+zygotes have imported TensorFlow, then each repeat times the bare launch and a pooled run, interleaved.
+Reported: cell start -> fit start and -> end of the first epoch (the baseline's own measure: 200 steps
+of the same model and data) for the pooled run, the bare launch's launch -> end of the first epoch, their
+ratio (target <= 0.5), and what the pool costs while it waits: RSS, PSS and USS of each idle zygote.
+Run: python benchmarks/bench_warm_pool.py [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from bench_launch import EPOCHS, KERNEL_SETUP, STEPS, bare  # noqa: E402
+
+CELL = f"""%%tfdist run --workers 2 --ps 1 --name {{name}}
+import time as _t
+class Clock(tf.keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__(); self.ends = []; self.begin = None
+    def on_train_begin(self, logs=None):
+        self.begin = _t.time()
+    def on_epoch_end(self, epoch, logs=None):
+        self.ends.append(_t.time())
+clock = Clock()
+hist = model.fit(ds, epochs={EPOCHS}, steps_per_epoch={STEPS}, verbose=0, callbacks=[clock])
+ends, begin = clock.ends, clock.begin
+"""
+
+
+def _run(k, name: str) -> dict:
+    r = k.execute("_t0 = time.time()", timeout=30)
+    r = k.execute(CELL.format(name=name), timeout=600)
+    assert r.error is None, r.error_text
+    r = k.execute(
+        "print(json.dumps({'begin': begin - _t0, 'first': ends[0] - _t0, 'later': ends[-1] - ends[0]}))",
+        timeout=30,
+    )
+    d = json.loads(r.text.strip().splitlines()[-1])
+    return {
+        "cell_to_fit_start_s": d["begin"],
+        "launch_to_first_epoch_s": d["first"],
+        "steps_per_s_after_first_epoch": STEPS * (EPOCHS - 1) / d["later"],
+    }
+
+
+def _ready_pool(state: str, kernel_pid: int, timeout: float = 300) -> dict:
+    from tfdist.backends.pool import STATE_PREFIX
+
+    path = os.path.join(state, f"{STATE_PREFIX}{kernel_pid}.json")
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+            if rec["zygotes"] and rec["ready"] == len(rec["zygotes"]):
+                return rec | {"waited_s": time.time() - t0}
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("the pool did not become ready")
+
+
+def _idle_memory(rec: dict) -> dict:
+    import psutil
+
+    time.sleep(2)  # settled after the last import
+    mib = 2**20
+    zyg = [psutil.Process(p).memory_full_info() for p in rec["zygotes"]]
+    sup = psutil.Process(rec["pid"]).memory_full_info()
+    return {
+        "zygotes": len(zyg),
+        "zygote_rss_mib": [round(m.rss / mib) for m in zyg],
+        "zygote_pss_mib": [round(m.pss / mib) for m in zyg],
+        "zygote_uss_mib": [round(m.uss / mib) for m in zyg],
+        "warm_supervisor_rss_mib": round(sup.rss / mib),
+        "pool_rss_total_mib": round((sum(m.rss for m in zyg) + sup.rss) / mib),
+        "pool_pss_total_mib": round((sum(m.pss for m in zyg) + sup.pss) / mib),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+    from tests.kernels import Kernel, kernel_env
+
+    state = tempfile.mkdtemp(prefix="tfdist-bench-pool-")
+    k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="4"), cwd=state)
+    bares, warm, pools = [], [], []
+    try:
+        r = k.execute(KERNEL_SETUP, timeout=300)
+        assert r.error is None, r.error_text
+        first = _run(k, "fresh-0")
+        for i in range(a.repeats):
+            pool = _ready_pool(state, k.pid)
+            if i == 0:
+                memory = _idle_memory(pool)
+            pools.append(pool["waited_s"])
+            bares.append(bare())
+            warm.append(_run(k, f"warm-{i}") | {"pooled_tasks": _pooled(state, f"warm-{i}", pool)})
+    finally:
+        k.shutdown()
+    med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
+    report = {
+        "bare": {k: med(bares, k) for k in ("launch_to_first_epoch_s", "steps_per_s_after_first_epoch")},
+        "warm": {
+            k: med(warm, k)
+            for k in ("cell_to_fit_start_s", "launch_to_first_epoch_s", "steps_per_s_after_first_epoch")
+        },
+        "first_run_fresh": first,
+        "pool_idle_memory": memory,
+        "pool_ready_wait_s": pools,
+        "runs": {"bare": bares, "warm": warm},
+    }
+    report["ratios"] = {
+        "repeated run first epoch (warm/bare, target <= 0.5)": report["warm"]["launch_to_first_epoch_s"]
+        / report["bare"]["launch_to_first_epoch_s"],
+        "repeated run fit start (warm cell->fit start / bare launch->first epoch)": report["warm"][
+            "cell_to_fit_start_s"
+        ]
+        / report["bare"]["launch_to_first_epoch_s"],
+        "steps_per_s (warm/bare)": report["warm"]["steps_per_s_after_first_epoch"]
+        / report["bare"]["steps_per_s_after_first_epoch"],
+    }
+    print(json.dumps(report, indent=2, default=lambda o: round(o, 3)))
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "warm_pool.json"), "w") as f:
+        json.dump(report, f, indent=2)
+
+
+def _pooled(state: str, name: str, pool: dict) -> int:
+    """How many of the job's tasks were the pool's processes."""
+    with open(os.path.join(state, name, "state.json")) as f:
+        tasks = json.load(f)["tasks"]
+    return sum(1 for t in tasks.values() if t.get("pid") in pool["zygotes"])
+
+
+if __name__ == "__main__":
+    main()
