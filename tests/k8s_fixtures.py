@@ -5,8 +5,9 @@ Use from tests/conftest.py:
     from tests.k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: F401
 
 ``k8s_plane`` (session): one real control plane for the whole run, with four kwok GPU nodes
-(2 x 8 NVIDIA-H100-80GB-HBM3, 2 x 4 NVIDIA-A100-SXM4-80GB). Skips when the binaries are missing and
-$CI is unset (run scripts/build-k8s); under CI missing binaries are an error.
+(2 x 8 NVIDIA-H100-80GB-HBM3, 2 x 4 NVIDIA-A100-SXM4-80GB) and one MIG node (two A100 80GB in MIG mode:
+7 x nvidia.com/mig-1g.10gb, 2 x nvidia.com/mig-3g.40gb, no whole nvidia.com/gpu). Skips when the
+binaries are missing and $CI is unset (run scripts/build-k8s); under CI missing binaries are an error.
 ``k8s_namespace`` (function): a fresh namespace whose default ServiceAccount exists.
 ``k8s_api`` (function, async): a kubernetes_asyncio ApiClient for the admin kubeconfig.
 """
@@ -25,6 +26,8 @@ DEFAULT_GPU_NODES = (
     (2, 8, "NVIDIA-H100-80GB-HBM3"),
     (2, 4, "NVIDIA-A100-SXM4-80GB"),
 )
+# (count, whole GPUs, model, MIG instances): the GPU operator's mixed strategy
+DEFAULT_MIG_NODES = ((1, 0, "NVIDIA-A100-SXM4-80GB", {"1g.10gb": 7, "3g.40gb": 2}),)
 
 
 def _in_ci() -> bool:
@@ -45,6 +48,8 @@ def k8s_plane():
         plane.start()
         for count, gpus, model in DEFAULT_GPU_NODES:
             plane.add_gpu_nodes(count, gpus, model)
+        for count, gpus, model, mig in DEFAULT_MIG_NODES:
+            plane.add_gpu_nodes(count, gpus, model, mig=mig, name_prefix="kwok-mig-a100")
         yield plane
     finally:
         plane.stop()

@@ -321,12 +321,15 @@ class ControlPlane:
         taints: list[dict] | None = None,
         cpu: str = "64",
         memory: str = "512Gi",
+        mig: dict[str, int] | None = None,
         wait: bool = True,
         timeout: float = 60.0,
     ) -> list[str]:
         """Create ``count`` kwok nodes advertising ``gpus_per_node`` x nvidia.com/gpu of ``model``
-        (label nvidia.com/gpu.product). Waits until kwok reports them Ready and the controller-manager
-        has lifted the not-ready taint, i.e. until the scheduler may use them. Returns the node names."""
+        (label nvidia.com/gpu.product), and ``mig`` ({"1g.10gb": 7, ...}) as the GPU operator's mixed MIG
+        strategy does (nvidia.com/mig-<profile> resources and .count labels). Waits until kwok reports them
+        Ready and the controller-manager has lifted the not-ready taint, i.e. until the scheduler may use
+        them. Returns the node names."""
         template = yaml.safe_load((self.kwok_dir / "gpu-node.yaml").read_text())
         slug = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")[:30].strip("-")
         prefix = name_prefix or f"kwok-gpu-{slug}"
@@ -348,6 +351,10 @@ class ControlPlane:
                 meta["labels"]["nvidia.com/gpu.memory"] = str(GPU_MEMORY_MIB[model])
             else:
                 meta["labels"].pop("nvidia.com/gpu.memory", None)
+            for profile, n in (mig or {}).items():
+                meta["labels"][f"nvidia.com/mig-{profile}.count"] = str(n)
+            if mig:
+                meta["labels"]["nvidia.com/mig.strategy"] = "mixed"
             meta["labels"].update(labels or {})
             node["spec"]["providerID"] = f"kwok://{name}"
             if taints:
@@ -356,6 +363,7 @@ class ControlPlane:
                 node["status"][key].update(
                     {"nvidia.com/gpu": str(gpus_per_node), "cpu": cpu, "memory": memory}
                 )
+                node["status"][key].update({f"nvidia.com/mig-{p}": str(n) for p, n in (mig or {}).items()})
             self.request("POST", "/api/v1/nodes", node)
             names.append(name)
         if wait:
