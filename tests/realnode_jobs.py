@@ -315,7 +315,7 @@ def sampled_tasks(texts: list[str]) -> dict[str, tuple[float, float]]:
     return out
 
 
-EPOCH_LINE = re.compile(r"^(\d+)/(\d+) ")
+EPOCH_LINE = re.compile(r"^(\d+)/(\d+|\?) (?!servers started)")
 
 
 def epochs_shown(texts: list[str]) -> int:

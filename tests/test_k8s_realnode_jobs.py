@@ -34,6 +34,7 @@ from tests.realnode_jobs import (
     wait_for,
     wait_gone,
 )
+from tfdist.kube import manifests as mf
 
 if "tests.realnode_fixtures" not in sys.modules:
     from tests.realnode_fixtures import real_cluster  # noqa: F401
@@ -66,16 +67,13 @@ def all_running(cluster, ns: str, job: str, n: int = 4):
 
 
 def by_role(pods: list[dict], role: str) -> dict:
-    from tfdist.kube import manifests as mf
-
     return next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == role)
 
 
+@pytest.mark.timeout(1200)
 def test_digits_trains_in_real_pods_behind_an_enforced_policy_and_leaves_nothing(
     real_cluster, job_image, tenants, tmp_path
 ):
-    from tfdist.kube import manifests as mf
-
     ann, bob = tenants("ann"), tenants("bob")
     start_notebook_pod(real_cluster, ann)
     start_notebook_pod(real_cluster, bob, forged=ann.user)  # bob's pod claims to be ann's notebook
@@ -127,6 +125,7 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_and_leaves_nothing
         k.shutdown()
 
 
+@pytest.mark.timeout(1800)
 def test_faults_on_real_pods(real_cluster, job_image, tenants, tmp_path):
     """One kernel, three jobs: a worker pod deleted mid-fit (the fit completes), the cell interrupted (the
     pods are gone within 15 s), the notebook pod deleted (the garbage collector takes every object)."""
@@ -142,38 +141,41 @@ def test_faults_on_real_pods(real_cluster, job_image, tenants, tmp_path):
         (victim,) = [
             p
             for p in job_pods(real_cluster, ns, "heal", "worker")
-            if p["metadata"]["labels"][mf_index()] == "0"
+            if p["metadata"]["labels"][mf.L_INDEX] == "0"
         ]
         real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
-        assert not k.idle_after(cell), "the fit ended before the worker was deleted"
+        t0 = time.monotonic()
+
+        def replacement():
+            return [
+                p
+                for p in running(job_pods(real_cluster, ns, "heal", "worker"))
+                if p["metadata"]["labels"][mf.L_INDEX] == "0"
+                and p["metadata"]["uid"] != victim["metadata"]["uid"]
+            ]
+
+        wait_for("worker-0 replaced by the Job controller", replacement, 180)
+        print(f"\nworker pod deleted -> its replacement running: {time.monotonic() - t0:.1f}s")
+        assert not k.idle_after(cell), "the fit ended before the worker was replaced"
         r = k.wait(cell, timeout=900)
         assert r.error is None, r.error_text
-        new = [
-            p
-            for p in job_pods(real_cluster, ns, "heal", "worker")
-            if p["metadata"]["uid"] != victim["metadata"]["uid"]
-        ]
         r = k.run("print('epochs', len(history.history['loss']), 'final', history.history['loss'][-1])")
         assert "epochs 8 " in r.text, r.text
-        assert any("pod replaced by the cluster" in t for t in k.widget_texts(since)) or new, (
-            "no replacement seen"
-        )
+        # the cell said so, in the monitor's log
+        assert any("worker-0 pod replaced by the cluster" in t for t in k.widget_texts(since))
 
         # 2. the cell interrupted: every pod of the job gone within 15 s
         cell = k.submit(run_line("stopme").replace("epochs=8", "epochs=200"))
         wait_for("pods running", lambda: all_running(real_cluster, ns, "stopme"), 300)
         t0 = time.monotonic()
         k.km.interrupt_kernel()
+        wait_for("the interrupted job's pods gone", lambda: not job_pods(real_cluster, ns, "stopme"), 15)
+        print(f"\ninterrupt -> pods gone: {time.monotonic() - t0:.1f}s")
         r = k.wait(cell, timeout=120)
+        print(f"interrupt -> the cell ended: {time.monotonic() - t0:.1f}s")
         assert r.error and "tfdist job stopme interrupted; all its processes were ended" in r.error_text, (
             r.error_text
         )
-        wait_for(
-            "the interrupted job's pods gone",
-            lambda: not job_pods(real_cluster, ns, "stopme"),
-            15 - (time.monotonic() - t0) + 0.5,
-        )
-        print(f"\ninterrupt -> pods gone: {time.monotonic() - t0:.1f}s")
         wait_gone(real_cluster, ns, "stopme", 30)
 
         # 3. the notebook pod deleted: its jobs go with it (owner references, garbage collector)
@@ -191,12 +193,7 @@ def test_faults_on_real_pods(real_cluster, job_image, tenants, tmp_path):
         k.shutdown()
 
 
-def mf_index() -> str:
-    from tfdist.kube import manifests as mf
-
-    return mf.L_INDEX
-
-
+@pytest.mark.timeout(1200)
 def test_a_sigkilled_kernels_job_is_gone_within_90s(real_cluster, job_image, tenants, tmp_path):
     ann = tenants("dee")
     ns = ann.namespace
@@ -206,10 +203,7 @@ def test_a_sigkilled_kernels_job_is_gone_within_90s(real_cluster, job_image, ten
         k.submit(run_line("orphan").replace("epochs=8", "epochs=200"))
         wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
         os.kill(k.pid, signal.SIGKILL)
-        t0 = time.monotonic()
         took = wait_gone(real_cluster, ns, "orphan", 90)
-        print(
-            f"\nkernel SIGKILLed mid-fit -> every object of its job gone: {time.monotonic() - t0:.1f}s ({took:.1f})"
-        )
+        print(f"\nkernel SIGKILLed mid-fit -> every object of its job gone: {took:.1f}s")
     finally:
         k.shutdown()

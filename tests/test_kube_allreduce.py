@@ -78,6 +78,7 @@ def test_worker_job_golden():
                 "tolerations": TOL,
                 "restartPolicy": "Never",
                 "subdomain": "ar",
+                "terminationGracePeriodSeconds": mf.TERMINATION_GRACE_S,
             },
         },
     }

@@ -39,6 +39,7 @@ L_INDEX = "batch.kubernetes.io/job-completion-index"  # set by the Job controlle
 GPU_RESOURCE = "nvidia.com/gpu"
 FINISHED_TTL_S = 15  # a finished root (and with it the whole job) is deleted this long after it ends
 WORKER_RESTARTS = 3  # per worker index (backoffLimitPerIndex)
+TERMINATION_GRACE_S = 5
 
 
 def label_value(text: str) -> str:
@@ -226,6 +227,9 @@ def pod_template(
         # the Job controller replaces a failed pod (workers: backoffLimitPerIndex); kubelet restarts in
         # place would hide a crash from the Job's accounting
         "restartPolicy": "Never",
+        # every entry point ends on SIGTERM at once; this bounds a stuck one, so that a stopped job's pods
+        # are gone within seconds (the default grace is 30 s)
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "containers": [container],
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

@@ -27,11 +27,15 @@ from .outcome import coordinator_outcome
 AGENT_PORT_ENV = "TFDIST_AGENT_PORT"
 RESULT_WAIT_S = 600.0  # how long results wait for the notebook (TFDIST_RESULT_WAIT_S: detached jobs)
 ORPHAN_AFTER_S = 30.0  # a server whose agent is unreachable this long ends itself
+TERMINATED = 143  # 128 + SIGTERM: a pod ended by the cluster has failed, whatever it was doing
 
 
 def run_chief() -> int:
     from .agent import AgentState, serve, wait_until
 
+    # As a container's PID 1 this process ignores SIGTERM unless it handles it: a pod deleted while it
+    # waits for the payload would otherwise linger for the whole grace period.
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(TERMINATED))
     token = os.environ["TFDIST_TOKEN"]
     port = int(os.environ.get(AGENT_PORT_ENV, "8470"))
     jobdir = tempfile.mkdtemp(prefix="tfdist-job-")
@@ -44,7 +48,6 @@ def run_chief() -> int:
         return 3
     r, w = os.pipe()
     env = dict(os.environ, TFDIST_EVENTS_FD=str(w))
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))  # PID 1: a deleted pod ends now
     proc = subprocess.Popen(
         [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir],
         env=env,
@@ -94,8 +97,9 @@ def run_server(role: str) -> int:
     token = os.environ.get("TFDIST_TOKEN", "")
     task = os.environ.get("TFDIST_TASK", role)
     proc = subprocess.Popen([sys.executable, "-u", "-m", "tfdist.runtime.task"], preexec_fn=die_with_parent())
-    # As a container's PID 1 this process ignores SIGTERM unless it handles it: end the server with it.
-    signal.signal(signal.SIGTERM, lambda *_: (proc.kill(), os._exit(0)))
+    # As a container's PID 1 this process ignores SIGTERM unless it handles it: end the server with it,
+    # and fail (a pod deleted mid-fit that exited 0 would count as a finished index: no replacement).
+    signal.signal(signal.SIGTERM, lambda *_: (proc.kill(), os._exit(TERMINATED)))
     sampler = TaskSampler()
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         gpus = [int(g) for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip().isdigit()]
