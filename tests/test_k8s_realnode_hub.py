@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,7 @@ import requests
 
 from tests import realnode, realnode_fixtures
 from tests.hub_fixtures import RunningHub, start_hub
-from tests.hub_user import HubUser
+from tests.hub_user import HubUser, form_defaults
 from tests.realnode_fixtures import realnode_images_current
 
 # the session fixture, registered for this module whatever other modules imported first
@@ -46,27 +49,38 @@ profiles:
 """
 
 
-def _images() -> dict[str, str]:
-    """The refs `scripts/build-images notebook job --import` recorded (imported into the cluster)."""
-    path = realnode_images_current()
-    cur = json.loads(path.read_text()) if path.exists() else {}
-    miss = [n for n in ("notebook", "job") if n not in cur]
-    if miss:
-        need = " and ".join(miss)
-        pytest.fail(f"no {need} image in {path}: run scripts/build-images notebook job --import")
-    return {n: cur[n]["ref"] for n in ("notebook", "job")} | {
-        "notebook_bytes": str(cur["notebook"]["layers_bytes"])
-    }
+def build_images() -> dict[str, dict]:
+    """The notebook and job images of this checkout, imported into the node's containerd (cached by a hash
+    of their inputs: seconds when nothing changed); their entries of current.json (ref, sizes)."""
+    out = subprocess.run(
+        [str(REPO / "scripts" / "build-images"), "notebook", "job", "--import"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"scripts/build-images notebook job --import failed:\n{out.stderr[-3000:]}")
+    cur = json.loads(realnode_images_current().read_text())
+    return {n: cur[n] for n in ("notebook", "job")}
+
+
+@dataclass
+class KubeHub:
+    hub: RunningHub
+    prefix: str  # of user namespaces: <prefix>-<user>
+    notebook_image: str
+    job_image: str
 
 
 @pytest.fixture(scope="module")
-def kube_hub(real_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningHub, str]]:
-    """The hub, its API on the node address; yields (hub, user-namespace prefix)."""
+def kube_hub(real_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeHub]:
+    """The hub, its API on the node address, spawning the checkout's notebook image."""
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/test does this)")
     from tfdist.spawner.localhub import free_port
 
-    images = _images()
+    images = build_images()
+    print(f"\nnotebook image {images['notebook']['ref']}: {images['notebook']['layers_bytes'] / 1e6:.0f} MB")
     state = real_cluster.state
     node_ip = state["node_ip"]
     prefix = f"rnhub-{uuid.uuid4().hex[:6]}"
@@ -77,7 +91,7 @@ def kube_hub(real_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         # pods reach the host at the node address; the hub API listens there only (not on the uplink)
         c.JupyterHub.hub_bind_url = "http://{node_ip}:{free_port(node_ip)}"
         c.TfdistKubeSpawner.profiles_file = PROFILES_FILE
-        c.TfdistKubeSpawner.worker_image = {images["job"]!r}
+        c.TfdistKubeSpawner.worker_image = {images["job"]["ref"]!r}
         c.TfdistKubeSpawner.user_namespace_template = "{prefix}-{{username}}"
         c.KubeSpawner.start_timeout = 300
         c.KubeSpawner.http_timeout = 180
@@ -85,9 +99,9 @@ def kube_hub(real_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         """
     tmp = tmp_path_factory.mktemp("realnodehub")
     extra = extra.replace("PROFILES_FILE", repr(str(tmp / "profiles.yaml")))
-    hub = start_hub(tmp, profiles_yaml=PROFILES.format(image=images["notebook"]), extra=extra)
+    hub = start_hub(tmp, profiles_yaml=PROFILES.format(image=images["notebook"]["ref"]), extra=extra)
     try:
-        yield hub, prefix
+        yield KubeHub(hub, prefix, images["notebook"]["ref"], images["job"]["ref"])
     finally:
         hub.stop()
         for ns in (real_cluster.get("/api/v1/namespaces") or {}).get("items", []):
@@ -107,13 +121,13 @@ def _wait(what: str, probe, timeout: float, interval: float = 0.5):
 
 
 def test_spawn_from_the_form_runs_jupyterlab_in_a_pod_on_the_real_node(
-    real_cluster, kube_hub: tuple[RunningHub, str], tmp_path: Path
+    real_cluster, kube_hub: KubeHub, tmp_path: Path
 ) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    hub, prefix = kube_hub
+    hub = kube_hub.hub
     user = f"nb{uuid.uuid4().hex[:6]}"
-    ns = f"{prefix}-{user}"
+    ns = f"{kube_hub.prefix}-{user}"
     shot = tmp_path / "jupyterlab-in-pod.png"
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
@@ -148,10 +162,10 @@ def test_spawn_from_the_form_runs_jupyterlab_in_a_pod_on_the_real_node(
     pod = real_cluster.get(f"/api/v1/namespaces/{ns}/pods/{pod_name}")
     assert pod["spec"]["nodeName"] == realnode.NODE_NAME and pod["status"]["phase"] == "Running"
     (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "notebook"]
-    assert container["image"] == _images()["notebook"]
+    assert container["image"] == kube_hub.notebook_image
     assert pod["status"]["containerStatuses"][0]["ready"] is True
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["TFDIST_BACKEND"] == "kubernetes" and env["TFDIST_WORKER_IMAGE"] == _images()["job"]
+    assert env["TFDIST_BACKEND"] == "kubernetes" and env["TFDIST_WORKER_IMAGE"] == kube_hub.job_image
     assert real_cluster.get(f"/api/v1/namespaces/{ns}/resourcequotas/tfdist-quota") is not None
 
     # through the hub's proxy with the user's own token: the server in the pod answers, as that user
@@ -168,3 +182,154 @@ def test_spawn_from_the_form_runs_jupyterlab_in_a_pod_on_the_real_node(
     )
     with pytest.raises(requests.RequestException):
         requests.get(f"http://{pod['status']['podIP']}:8888/api/status", timeout=3)
+
+
+# ------------------------------------------------------------------ 3b: the example, in the pod's kernel
+
+# Two cores in all: four job pods at 0.4 core beside the 0.25-core notebook (the user namespace's
+# LimitRange would give each 1 core, more than the node has).
+JOB_FLAGS = "--cpu 0.4 --memory 1536Mi"
+JOB_KINDS = {
+    "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "pods": "/api/v1/namespaces/{ns}/pods",
+    "services": "/api/v1/namespaces/{ns}/services",
+    "secrets": "/api/v1/namespaces/{ns}/secrets",
+    "networkpolicies": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+}
+CHECK = """
+import json
+print("RESULT " + json.dumps({"changed": bool(changed), "acc": float(acc_after),
+                              "epochs": len(history.history["loss"])}))
+"""
+
+
+def job_objects(real_cluster, ns: str) -> list[str]:
+    """Every %%tfdist job object in `ns` (being deleted counts)."""
+    from tfdist.kube import manifests as mf
+
+    out = []
+    for kind, path in JOB_KINDS.items():
+        body = real_cluster.get(path.format(ns=ns) + f"?labelSelector={mf.L_JOB}") or {"items": []}
+        out += [f"{kind}/{o['metadata']['name']}" for o in body["items"]]
+    return out
+
+
+class PodWatcher:
+    """Samples the namespace's job pods every 0.5 s: (job, role, node) of each pod seen Running."""
+
+    def __init__(self, real_cluster, ns: str) -> None:
+        self.cluster, self.ns, self.seen = real_cluster, ns, set()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        from tfdist.kube import manifests as mf
+
+        while not self._stop.is_set():
+            try:
+                pods = self.cluster.get(f"/api/v1/namespaces/{self.ns}/pods?labelSelector={mf.L_JOB}")
+            except Exception:  # one failed poll: the next one counts
+                pods = None
+            for p in (pods or {}).get("items", []):
+                if (p.get("status") or {}).get("phase") == "Running":
+                    labels = p["metadata"]["labels"]
+                    self.seen.add((labels[mf.L_JOB], labels.get(mf.L_ROLE), p["spec"].get("nodeName")))
+            self._stop.wait(0.5)
+
+    def stop(self) -> set:
+        self._stop.set()
+        self._t.join()
+        return self.seen
+
+
+def code_cells(nb: dict) -> list[str]:
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def test_the_example_trains_from_the_notebook_pod_and_its_jobs_go_with_the_pod(
+    real_cluster, kube_hub: KubeHub
+) -> None:
+    from tfdist.kube import manifests as mf
+
+    hub = kube_hub.hub
+    user = f"nb{uuid.uuid4().hex[:6]}"
+    ns = f"{kube_hub.prefix}-{user}"
+    nb = HubUser(hub.url, user, hub.password)
+    nb.login()
+    nb.spawn_with(form_defaults(nb.form()))
+    hub.wait_ready(user, timeout=300)
+    nb.wait_server()
+    pod_name = hub.servers(user)[""]["state"]["pod_name"]
+
+    example = json.loads((REPO / "examples" / "digits.ipynb").read_text())
+    r = nb.server_api(
+        "PUT", "/contents/digits.ipynb", json={"type": "notebook", "format": "json", "content": example}
+    )
+    assert r.status_code in (200, 201), r.text
+    kernel = nb.open_kernel("digits.ipynb")
+    watcher = PodWatcher(real_cluster, ns)
+    try:
+        for code in code_cells(example):
+            t_cell = time.monotonic()
+            if code.startswith("%%tfdist run"):
+                first, rest = code.split("\n", 1)
+                code = f"{first} {JOB_FLAGS}\n{rest}"
+            res = kernel.execute(code, timeout=900)
+            assert res.error is None, f"cell failed:\n{code}\n{res.error}\nstdout:\n{res.stdout[-3000:]}"
+            if code.startswith("%%tfdist run"):
+                assert "succeeded" in res.stdout, res.stdout[-3000:]
+                print(f"\nthe %%tfdist cell on the real node: {time.monotonic() - t_cell:.1f} s")
+        out = kernel.execute(CHECK, timeout=120)
+        assert out.error is None, out.error
+        result = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+        assert result["changed"] and result["epochs"] == 8 and result["acc"] > 0.85, result
+
+        seen = watcher.stop()
+        assert len({job for job, _, _ in seen}) == 1, seen
+        roles = {role for _, role, node in seen if node == realnode.NODE_NAME}
+        assert roles >= {"chief", "ps", "worker"}, seen  # the coordinator, PS and workers ran on the node
+        # the job ended with the cell: nothing of it is left (the kernel deleted the root, the GC the rest)
+        _wait("no object of the finished job", lambda: not job_objects(real_cluster, ns), timeout=60)
+
+        # a detached job lives on without the kernel, but not without the notebook pod that owns it
+        res = kernel.execute(
+            f"%%tfdist run --detach --workers 1 --ps 1 {JOB_FLAGS} --name keep\n"
+            "model.fit(train_ds, epochs=500, steps_per_epoch=40)\n",
+            timeout=300,
+        )
+        assert res.error is None, res.error
+        sel = f"{mf.L_JOB}%3Dkeep"
+        _wait(
+            "the detached job's three pods running",
+            lambda: (
+                sum(
+                    p["status"].get("phase") == "Running"
+                    for p in real_cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={sel}")["items"]
+                )
+                == 3
+            ),
+            timeout=180,
+        )
+        assert any(o.startswith("jobs/") for o in job_objects(real_cluster, ns))
+    finally:
+        watcher.stop()
+        kernel.close()
+    real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{pod_name}")
+    t0 = time.monotonic()
+    _wait(
+        "the notebook pod gone",
+        lambda: real_cluster.get(f"/api/v1/namespaces/{ns}/pods/{pod_name}") is None,
+        timeout=120,
+    )
+    pod_gone = time.monotonic() - t0
+    _wait(
+        "the garbage collector to remove the job with its notebook pod",
+        lambda: not job_objects(real_cluster, ns),
+        timeout=120,
+    )
+    print(
+        f"\nnotebook pod deleted -> pod gone {pod_gone:.1f} s, its job's objects gone "
+        f"{time.monotonic() - t0:.1f} s"
+    )
+    hub.stop_server(user, timeout=120)
