@@ -70,6 +70,18 @@ def _gpu_ids() -> list[str]:
     return [g.cuda_id for g in visible_gpus()]  # indices; MIG instances by UUID
 
 
+DETACHED_NOTES = {
+    "waiting": "detached: results wait for %tfdist attach",
+    "taken": "detached: results taken",
+    "none": "detached: no results",
+}
+
+
+def _detached_note(row: dict[str, Any]) -> str:
+    """`%tfdist list`'s word on a detached job (the local backend's summary says where its results are)."""
+    return f" [{DETACHED_NOTES.get(row.get('results') or '', 'detached')}]" if row.get("detached") else ""
+
+
 class CellInterrupted(KeyboardInterrupt):
     """An interrupt tfdist has already handled (the job stopped): shown as one line, the cell still ends
     as interrupted (KeyboardInterrupt), without a traceback through tfdist's own waiting code."""
@@ -425,7 +437,7 @@ class TfdistMagics(Magics):
             print(
                 f"{r['name']:24} {r['backend']:10} {r['state']:10} "
                 f"{r['tasks_started']}/{r['tasks_total']:<5} "
-                f"{r['epoch']}/{r['epochs'] or '?':<5} {r['message']}"
+                f"{r['epoch']}/{r['epochs'] or '?':<5} {r['message']}{_detached_note(r)}"
             )
 
     def status(self, argv: list[str]) -> None:

@@ -100,7 +100,8 @@ def test_a_detached_job_outlives_its_kernel_and_a_later_kernel_takes_its_results
         assert r.error is None and "stopped long" in r.text, r.error_text or r.text
         assert wait_gone(long_pids, 15) == []
         r = other.execute("%tfdist list", timeout=60)
-        assert "away" in r.text and "long" in r.text
+        rows = {line.split()[0]: line for line in r.text.splitlines()[1:]}
+        assert rows["away"].endswith("[detached]") and rows["long"].endswith("[detached: no results]"), r.text
         # bad input: one sentence each
         r = other.execute("%tfdist attach never-started", timeout=60)
         assert r.error and NOBODY.format("never-started") in r.error_text
