@@ -9,6 +9,8 @@ holding resources (TFJob's PS pods do).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,8 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
+from typing import Any
 
 from ..kube import signing
 from . import events as wire
@@ -74,20 +75,63 @@ def run_chief() -> int:
     return code
 
 
-def _post(url: str, token: str, body: bytes, timeout: float = 5.0) -> None:
-    path = urllib.parse.urlsplit(url).path
-    auth, _ = signing.sign_request(token, "POST", path, signing.digest(body))
-    req = urllib.request.Request(url, data=body, method="POST", headers={"Authorization": auth})
-    urllib.request.urlopen(req, timeout=timeout).read()
+class _AgentLink:
+    """A server pod's side of the agent (aiohttp, like the notebook's client): the unsigned /healthz probe
+    and signed /metrics posts over one session, on a private loop: this entry point stays plain blocking
+    code around its TF server."""
 
+    def __init__(self, url: str, token: str):
+        self.url, self._token = url.rstrip("/"), token
+        self._loop = asyncio.new_event_loop()
+        self._session: Any = None
 
-def _healthy(url: str) -> bool | None:
-    """True: agent up and job running; False: job finished; None: agent unreachable."""
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=3) as r:
-            return not json.loads(r.read())["finished"]
-    except Exception:
-        return None
+    def _call(self, coro: Any) -> Any:
+        return self._loop.run_until_complete(coro)
+
+    async def _http(self) -> Any:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def healthy(self) -> bool | None:
+        """True: agent up and job running; False: job finished; None: agent unreachable."""
+
+        async def probe() -> bool:
+            import aiohttp
+
+            session = await self._http()
+            async with session.get(self.url + "/healthz", timeout=aiohttp.ClientTimeout(total=3)) as r:
+                return not json.loads(await r.read())["finished"]
+
+        try:
+            return self._call(probe())
+        except Exception:
+            return None
+
+    def post(self, path: str, body: bytes, timeout: float = 5.0) -> None:
+        async def send() -> None:
+            import aiohttp
+
+            auth, _ = signing.sign_request(self._token, "POST", path, signing.digest(body))
+            session = await self._http()
+            async with session.post(
+                self.url + path,
+                data=body,
+                headers={"Authorization": auth},
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as r:
+                await r.read()
+                r.raise_for_status()
+
+        self._call(send())
+
+    def close(self) -> None:
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                self._call(self._session.close())
+        self._loop.close()
 
 
 def run_server(role: str) -> int:
@@ -108,11 +152,12 @@ def run_server(role: str) -> int:
     sampler.track(TaskProcess(task, proc.pid, gpus))
     started = last_ok = time.time()
     seen = False
+    agent = _AgentLink(url, token)
     while proc.poll() is None:
         time.sleep(1.0)
         if not url:
             continue
-        health = _healthy(url)
+        health = agent.healthy()
         if health is False:  # the coordinator finished: this server's work is done
             break
         if health is None:
@@ -123,9 +168,10 @@ def run_server(role: str) -> int:
             continue
         seen, last_ok = True, time.time()
         try:
-            _post(url + "/metrics", token, wire.dumps(sampler.sample()))
+            agent.post("/metrics", wire.dumps(sampler.sample()))
         except Exception:
             pass
+    agent.close()
     if proc.poll() is None:
         proc.terminate()
         try:
