@@ -64,7 +64,8 @@ def configured(environ: dict[str, str] | None = None) -> tuple[int, int]:
 
 
 def live_pools(state_dir: str) -> list[dict]:
-    """The pools of this state directory whose warm supervisor still runs and waits (any kernel)."""
+    """The pools of this state directory whose warm supervisor still runs and waits (any kernel); the
+    records of pools that were killed without a word are removed, with their logs."""
     out = []
     with contextlib.suppress(OSError):
         for path in Path(state_dir).glob(STATE_PREFIX + "*.json"):
@@ -72,6 +73,9 @@ def live_pools(state_dir: str) -> list[dict]:
                 rec = json.loads(path.read_text())
                 if ProcessId(int(rec["pid"]), float(rec["started"])).alive():
                     out.append(rec)
+                    continue
+                path.unlink()
+                path.with_suffix(".log").unlink(missing_ok=True)
     return out
 
 
@@ -117,7 +121,7 @@ class PoolKeeper:
         self.last_refusal = why
         if n <= 0:
             return False
-        log = open(os.path.join(self.state_dir, f"{STATE_PREFIX}{os.getpid()}.log"), "ab")
+        log = open(os.path.join(self.state_dir, f"{STATE_PREFIX}{os.getpid()}.log"), "wb")  # the last one's
         self.proc = subprocess.Popen(
             [
                 *prefix,
