@@ -26,7 +26,6 @@ import requests
 from tests import realnode, realnode_fixtures
 from tests.hub_fixtures import RunningHub, start_hub
 from tests.hub_user import HubUser, form_defaults
-from tests.realnode_fixtures import realnode_images_current
 
 # the session fixture, registered for this module whatever other modules imported first
 real_cluster = realnode_fixtures.real_cluster
@@ -51,7 +50,8 @@ profiles:
 
 def build_images() -> dict[str, dict]:
     """The notebook and job images of this checkout, imported into the node's containerd (cached by a hash
-    of their inputs: seconds when nothing changed); their entries of current.json (ref, sizes)."""
+    of their inputs: seconds when nothing changed): {name: {ref, archive_bytes}}, from the command's own
+    lines (current.json may already name another checkout's build)."""
     out = subprocess.run(
         [str(REPO / "scripts" / "build-images"), "notebook", "job", "--import"],
         capture_output=True,
@@ -60,8 +60,13 @@ def build_images() -> dict[str, dict]:
     )
     if out.returncode != 0:
         raise RuntimeError(f"scripts/build-images notebook job --import failed:\n{out.stderr[-3000:]}")
-    cur = json.loads(realnode_images_current().read_text())
-    return {n: cur[n] for n in ("notebook", "job")}
+    images = {}
+    for line in out.stdout.splitlines():  # name, ref, archive, size
+        parts = line.split("\t")
+        if len(parts) == 4 and parts[0] in ("notebook", "job"):
+            images[parts[0]] = {"ref": parts[1], "archive_bytes": os.path.getsize(parts[2])}
+    assert set(images) == {"notebook", "job"}, out.stdout
+    return images
 
 
 @dataclass
@@ -80,7 +85,7 @@ def kube_hub(real_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     from tfdist.spawner.localhub import free_port
 
     images = build_images()
-    print(f"\nnotebook image {images['notebook']['ref']}: {images['notebook']['layers_bytes'] / 1e6:.0f} MB")
+    print(f"\nnotebook image {images['notebook']['ref']}: {images['notebook']['archive_bytes'] / 1e6:.0f} MB")
     state = real_cluster.state
     node_ip = state["node_ip"]
     prefix = f"rnhub-{uuid.uuid4().hex[:6]}"
