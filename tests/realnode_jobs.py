@@ -40,7 +40,8 @@ JOB_FLAGS = "--cpu 0.45 --memory 1536Mi"
 
 def build_job_image() -> str:
     """The job image of this checkout, imported into the node's containerd (cached by a hash of its inputs:
-    seconds when nothing changed)."""
+    seconds when nothing changed). Its ref from the command's own line: images/current.json may already
+    name another checkout's build."""
     out = subprocess.run(
         [str(REPO / "scripts" / "build-images"), "job", "--import"],
         capture_output=True,
@@ -49,9 +50,11 @@ def build_job_image() -> str:
     )
     if out.returncode != 0:
         raise RuntimeError(f"scripts/build-images job --import failed:\n{out.stderr[-3000:]}")
-    from tests.realnode_fixtures import realnode_images_current
-
-    return json.loads(realnode_images_current().read_text())["job"]["ref"]
+    refs = [
+        p[1] for p in (line.split("\t") for line in out.stdout.splitlines()) if len(p) == 4 and p[0] == "job"
+    ]
+    assert refs, out.stdout
+    return refs[0]
 
 
 @dataclass

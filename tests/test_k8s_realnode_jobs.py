@@ -44,6 +44,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 
 @pytest.fixture(scope="module")
 def job_image(real_cluster) -> str:
+    real_cluster.ensure()  # up again if an earlier module's teardown test took it down
     return build_job_image()
 
 
@@ -188,6 +189,7 @@ def test_faults_on_real_pods(real_cluster, job_image, tenants, tmp_path):
         took = wait_gone(real_cluster, ns, "owned", 60)
         print(f"\nnotebook pod deleted -> every object of its job gone: {took:.1f}s")
         r = k.wait(cell, timeout=120)  # the cell sees its job gone and ends
+        print("the cell:", r.error_text.splitlines()[:2])
         assert r.error is not None
     finally:
         k.shutdown()
