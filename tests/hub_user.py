@@ -250,11 +250,13 @@ def tree_rss(p: psutil.Process) -> int:
 
 
 def job_processes(user: str) -> list[psutil.Process]:
-    """Processes of %%tfdist jobs started by this hub user's kernels (supervisor and tasks)."""
+    """Processes of %%tfdist jobs started by this hub user's kernels (supervisor and tasks); not a
+    kernel's idle warm pool, which ends with its kernel (tfdist.backends.pool, tests/test_warm_pool.py)."""
     out = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "name"]):
         with contextlib.suppress(psutil.Error):
             cmd = " ".join(p.info["cmdline"] or [])
-            if "tfdist.runtime." in cmd and p.environ().get("TFDIST_USER") == user:
+            idle_pool = p.info["name"] == "tfdist-pool"  # tfdist.runtime.zygote.IDLE_NAME
+            if "tfdist.runtime." in cmd and not idle_pool and p.environ().get("TFDIST_USER") == user:
                 out.append(p)
     return out

@@ -16,6 +16,8 @@ from typing import Any
 import psutil
 from jupyter_client.manager import KernelManager
 
+from tfdist.runtime.zygote import IDLE_NAME
+
 
 @dataclass
 class Result:
@@ -113,11 +115,12 @@ RUN_MARK = f"tfdist-test-{os.getpid()}"
 
 
 def job_processes() -> list[psutil.Process]:
-    """Every live process of a tfdist job started by this test run (supervisors, tasks, coordinators)."""
+    """Every live process of a tfdist job started by this test run (supervisors, tasks, coordinators);
+    not a kernel's idle warm pool (named IDLE_NAME while it waits, tests/test_warm_pool.py owns it)."""
     out = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["cmdline", "name"]):
         try:
-            if "tfdist.runtime." not in " ".join(p.info.get("cmdline") or []):
+            if "tfdist.runtime." not in " ".join(p.info.get("cmdline") or []) or p.info["name"] == IDLE_NAME:
                 continue
             if p.environ().get("TFDIST_TEST_RUN") == RUN_MARK and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)

@@ -12,10 +12,11 @@ import time
 import psutil
 import pytest
 
-from tests.kernels import Kernel, kernel_env, wait_gone
+from tests.kernels import Kernel, job_processes, kernel_env, wait_gone
 from tfdist.backends import pool as poolmod
 from tfdist.backends.pool import PoolKeeper, plan_size
 from tfdist.runtime.warmpool import import_time_mismatch
+from tfdist.runtime.zygote import IDLE_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +49,7 @@ info = {{
     "oom": open("/proc/self/oom_score_adj").read().strip(),
     "netns": os.readlink("/proc/self/ns/net"),
     "stdin": os.readlink("/proc/self/fd/0"),
+    "name": _me.name(),
 }}
 """
 
@@ -111,6 +113,9 @@ def test_second_run_takes_the_pool_behaves_fresh_and_dies_with_the_kernel(tmp_pa
         assert plan_size(4, state, None, {"TFDIST_POOL_SIZE": "3"})[0] == 0  # the server's pool is full
         zygotes = [psutil.Process(p) for p in pool["zygotes"]]
         assert all(z.ppid() == pool["pid"] for z in zygotes)
+        # named as an idle pool while it waits (what tells it from a job), its own name back once a task
+        assert {z.name() for z in zygotes} | {psutil.Process(pool["pid"]).name()} == {IDLE_NAME}
+        assert job_processes() == []  # no job runs: an idle pool is not one
         for z in zygotes:  # no OpenMP runtime loaded at import: OMP_NUM_THREADS is read after becoming
             maps = open(f"/proc/{z.pid}/maps").read()
             assert "libgomp" not in maps and "libiomp" not in maps
@@ -135,7 +140,7 @@ def test_second_run_takes_the_pool_behaves_fresh_and_dies_with_the_kernel(tmp_pa
         }
         assert roles["warm"] == roles["fresh"] and len(roles["warm"]) == 3, roles
         assert warm["env_inter"] == fresh["env_inter"] == "2"
-        for key in ("cwd", "path0", "oom", "stdin"):
+        for key in ("cwd", "path0", "oom", "stdin", "name"):
             assert warm[key] == fresh[key], key
         assert warm["cwd"] == str(tmp_path) and warm["oom"] == "800" and warm["stdin"] == "/dev/null"
         assert warm["netns"] != os.readlink("/proc/self/ns/net") != fresh["netns"] != warm["netns"]

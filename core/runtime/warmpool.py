@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from tfdist import memfit
 from tfdist.procid import ProcessId
+from tfdist.runtime import zygote
 
 DROP_SHARE = 0.80  # an idle pool ends itself above this share of the server's memory limit
 MEMORY_CHECK_S = 1.0
@@ -265,7 +266,8 @@ def _log_to(path: str) -> None:
 async def _main(size: int, server_pid: int | None, statefile: str) -> int:
     from tfdist.runtime import supervisor
 
-    state: _State | None = None
+    name = zygote.own_name()
+    zygote.set_name(zygote.IDLE_NAME)  # an idle pool, not a job: see zygote.IDLE_NAME
     pool = WarmPool(size, zygote_env(dict(os.environ)), supervisor._die_with_parent)
     state = _State(statefile, pool)
     pool.on_change = state.write
@@ -279,6 +281,7 @@ async def _main(size: int, server_pid: int | None, statefile: str) -> int:
         await asyncio.sleep(0)
         return 0
     pool.on_change = lambda: None
+    zygote.set_name(name)
     jobdir = req["jobdir"]
     os.environ.clear()
     os.environ.update(req["env"])  # the kernel's environment now, as a supervisor started now would have

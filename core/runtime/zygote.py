@@ -15,6 +15,7 @@ signal, cgroup and CPU affinity are the supervisor's, set when it was started, a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
@@ -23,6 +24,26 @@ import sys
 
 MAX_MESSAGE = 4 * 2**20  # a task's environment as JSON; the sender refuses larger
 MAX_FDS = 8
+# The name (/proc/PID/comm) of a pool's processes while they wait, and only then: what tells an idle pool
+# from a job (tools, the tests' "no job process left"); a process that became a task has its own back.
+IDLE_NAME = "tfdist-pool"
+PR_SET_NAME = 15
+
+
+def set_name(name: str) -> None:
+    """Name the calling thread (the main thread: the process's name); threads started later inherit it."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def own_name() -> str:
+    try:
+        with open("/proc/self/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "python"
 
 
 def _import_tensorflow() -> None:
@@ -67,6 +88,8 @@ def main() -> int:
     except BaseException as exc:  # the pool falls back to fresh processes for this one
         print(f"tfdist zygote: cannot import TensorFlow: {exc}", file=sys.stderr, flush=True)
         return 1
+    name = own_name()
+    set_name(IDLE_NAME)  # after the import: the threads it started keep the name a fresh task's have
     try:
         sock.send(b"R")
     except OSError:
@@ -74,6 +97,7 @@ def main() -> int:
     got = _receive(sock)
     if got is None:
         return 0
+    set_name(name)
     spec, fds = got
     env = {str(k): str(v) for k, v in spec["env"].items()}
     _install_fds([int(n) for n in spec.get("fds", [])], fds, env)
