@@ -133,6 +133,9 @@ class WarmPool:
         proc = None if why else self._hand_out(task, module, argv, env, cwd, fds)
         if proc is None:
             self.refused[task] = why or "no pooled process was left"
+            print(f"tfdist warm pool: {task} starts fresh: {self.refused[task]}", flush=True)
+        else:
+            print(f"tfdist warm pool: {task} is pooled process {proc.pid}", flush=True)
         if task == "chief-0":  # started last: the zygotes still free are not needed by this job
             self.close()
         return proc
