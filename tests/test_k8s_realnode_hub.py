@@ -5,7 +5,8 @@ The hub binds its API on the node address (tests/realnode.py's NODE_IP, the host
 reaches), so the notebook pod's jupyterhub-singleuser talks to it; the proxy serves chromium on 127.0.0.1
 and reaches the pod's IP over the pod bridge. The user gets their own namespace (tfdist.kube.tenancy), the
 notebook image is `scripts/build-images notebook --import`'s, the job image `job --import`'s (the spawner
-passes it as TFDIST_WORKER_IMAGE). One test function: each spawn costs minutes on 2 cores.
+passes it as TFDIST_WORKER_IMAGE). Two tests, one hub (a spawn costs up to a minute on 2 cores): the
+browser spawn (3a), and the example trained from another user's notebook pod (3b).
 """
 
 from __future__ import annotations
