@@ -155,6 +155,8 @@ def test_spawn_from_the_form_runs_jupyterlab_in_a_pod_on_the_real_node(
             page.wait_for_selector(".jp-LabShell", state="visible", timeout=180_000)
             page.wait_for_selector(".jp-Launcher, .jp-NotebookPanel", state="visible", timeout=180_000)
             loaded_s = time.monotonic() - t0
+            # the image's lab extension is loaded: the "Distributed jobs" panel's tab is in the side bar
+            expect(page.locator('.jp-SideBar .lm-TabBar-tab[data-id="tfdist-jobs"]')).to_have_count(1)
             page.screenshot(path=str(shot))
         finally:
             browser.close()
@@ -179,6 +181,13 @@ def test_spawn_from_the_form_runs_jupyterlab_in_a_pod_on_the_real_node(
     nb.login()
     r = nb.server_api("GET", "/me")
     assert r.status_code == 200 and r.json()["identity"]["username"] == user, r.text
+    # the jobs panel's API in the pod lists the user's jobs through the in-cluster config: none yet
+    r = requests.get(
+        f"{hub.url}/user/{user}/tfdist/api/jobs",
+        headers={"Authorization": f"token {nb.api_token()}"},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json() == {"user": user, "jobs": []}, r.text
 
     hub.stop_server(user, timeout=120)
     _wait(
