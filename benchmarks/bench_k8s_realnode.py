@@ -13,8 +13,13 @@ first epoch, and the cell's whole time, for both (ratio), plus the Kubernetes br
   create     cell start -> the root Job exists (the magic packed the payload, the backend created the Jobs)
   scheduled  -> every pod of the job bound to the node
   running    -> every pod's container running (image present: no pull)
+  payload    -> the payload handed to the coordinator pod's agent (the kernel reads the agent's events
+                only after that: their first one arrives then)
+  coordinator-> the coordinator process started with the payload (TensorFlow imported)
   servers    -> the coordinator connected to every TF server (its "loading" phase: TF servers ready)
-  first step -> the first training step counted (the coordinator's heartbeat, every 2 s)
+  fit start  -> the cell's fit began (the model and data rebuilt in the coordinator)
+  first step -> the first training step counted (the coordinator's heartbeat, every 2 s: an epoch shorter
+                than that counts its end)
   epoch 1    -> the end of the first epoch
 
 Pod times come from polling the API server every 0.2 s from the host; the coordinator's phases from the
@@ -80,13 +85,20 @@ def phases(events: list[tuple[float, dict]], t0: float) -> dict[str, float | Non
         return None
 
     prog = "progress"
-    return {
+    out = {
         "tasks_running": None,
+        "payload": first(lambda e: e["type"] == prog and e.get("phase") == "waiting for the payload"),
+        "coordinator": first(lambda e: e["type"] == prog and e.get("phase") == "connecting"),
         "servers": first(lambda e: e["type"] == prog and e.get("phase") == "loading"),
+        "fit_start": first(lambda e: e["type"] == prog and e.get("phase") == "fit"),
         "first_step": first(lambda e: e["type"] == prog and (e.get("step") or 0) > 0 and "t" in e),
         "epoch_1": first(lambda e: e["type"] == prog and (e.get("epoch") or 0) >= 1 and "t" in e),
         "cell": None,
     }
+    # the heartbeat reads the step counter every 2 s: an epoch shorter than that shows its steps after it
+    if out["first_step"] is not None and out["epoch_1"] is not None:
+        out["first_step"] = min(out["first_step"], out["epoch_1"])
+    return out
 
 
 class PodClock(threading.Thread):
