@@ -24,12 +24,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests import realnode, realnode_fixtures
+from tests import realnode
 from tests.hub_fixtures import RunningHub, start_hub
 from tests.hub_user import HubUser, form_defaults
-
-# the session fixture, registered for this module whatever other modules imported first
-real_cluster = realnode_fixtures.real_cluster
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.browser, pytest.mark.timeout(1500)]
 
