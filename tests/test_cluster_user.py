@@ -20,9 +20,6 @@ import yaml
 from tests import realnode
 from tfdist.kube import tenancy
 
-if "tests.realnode_fixtures" not in sys.modules:
-    from tests.realnode_fixtures import real_cluster  # noqa: F401
-
 REPO = Path(__file__).resolve().parent.parent
 BAD_NAMES = ["Ann", "ann_b", "-ann", "ann-", "a.b", "", "a" * 52, "ann/../kube-system", "änn", "a b"]
 

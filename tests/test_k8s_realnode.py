@@ -19,9 +19,6 @@ import pytest
 
 from tests import realnode
 
-if "tests.realnode_fixtures" not in sys.modules:
-    from tests.realnode_fixtures import real_cluster, real_ns  # noqa: F401
-
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 REPO = Path(__file__).resolve().parents[1]
 
