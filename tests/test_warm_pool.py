@@ -154,6 +154,56 @@ def test_second_run_takes_the_pool_behaves_fresh_and_dies_with_the_kernel(tmp_pa
         k.shutdown()
 
 
+def _pool_record(state_dir: str, kernel_pid: int, timeout: float = 60) -> dict:
+    """The kernel's pool record as soon as it exists (its zygotes may still be importing TensorFlow)."""
+    path = os.path.join(state_dir, f"{poolmod.STATE_PREFIX}{kernel_pid}.json")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    raise TimeoutError(f"no pool for kernel {kernel_pid}")
+
+
+# No fit, no model: the coordinator only runs the cell. Its stdout and stderr are the chief's log.
+PLAIN = """%%tfdist run --workers 1 --ps 1 --name {name}
+import sys, time
+print("out of {name}")
+print("err of {name}", file=sys.stderr)
+time.sleep(2)
+"""
+
+
+def test_a_job_taken_while_the_pool_still_imports_runs_its_cell_and_logs_it(tmp_path):
+    """The second job of a kernel, started at once after the first: its pool's zygotes are still importing
+    TensorFlow when they are handed the tasks (the pool has closed its end of their sockets by the time
+    they say they are ready). They must run the cell, not exit 0 with empty logs."""
+    state = str(tmp_path / "state")
+    k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="3"), cwd=str(tmp_path))
+    try:
+        assert k.execute("%load_ext tfdist", timeout=60).error is None
+        r = k.execute(PLAIN.format(name="first"), timeout=300)
+        assert r.error is None, r.error_text
+        rec = _pool_record(state, k.pid)  # started when the first job ended
+        assert rec["ready"] < len(rec["zygotes"]), rec  # handed out before TensorFlow is imported
+        r = k.execute(PLAIN.format(name="second"), timeout=300)
+        assert r.error is None, r.error_text
+        with open(os.path.join(state, "second", "state.json")) as f:
+            st = json.load(f)
+        assert st["state"] == "succeeded", st
+        assert st["pid"] == rec["pid"], "the job did not run in the pool's supervisor"
+        assert sorted(int(t["pid"]) for t in st["tasks"].values()) == sorted(rec["zygotes"])
+        with open(os.path.join(state, "second", "supervisor.log")) as f:
+            assert f.read().count(" is pooled process ") == 3
+        with open(os.path.join(state, "second", "logs", "chief-0.log")) as f:
+            log = f.read()
+        assert "out of second" in log and "err of second" in log, log
+    finally:
+        k.shutdown()
+
+
 def test_memory_short_server_gets_no_pool_and_an_idle_pool_goes_first(tmp_path, monkeypatch):
     state = str(tmp_path)
     me = psutil.Process()

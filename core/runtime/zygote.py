@@ -90,10 +90,11 @@ def main() -> int:
         return 1
     name = own_name()
     set_name(IDLE_NAME)  # after the import: the threads it started keep the name a fresh task's have
-    try:
+    # The pool may have handed this process a task while it was still importing, and closed its end: the
+    # task's message is queued here all the same (EPIPE on send, the message still received), so a failed
+    # "ready" is no reason to end; an empty read below says whether a task came.
+    with contextlib.suppress(OSError):
         sock.send(b"R")
-    except OSError:
-        return 0
     got = _receive(sock)
     if got is None:
         return 0
