@@ -124,9 +124,7 @@ class JobHandler(BaseHandler):
         d = view.to_dict()
         d["metrics"] = d["metrics"][-METRICS_TAIL:]
         d["summary"] = view.summary()
-        detach_summary = getattr(self.tfdist.backend, "detach_summary", None)  # local: detached jobs
-        if detach_summary is not None:
-            d["summary"] |= detach_summary(name)
+        d["summary"] |= self.tfdist.backend.detach_summary(name, d["summary"].get("ended"))
         raw: dict[str, list[str]] = {}
         for task, line in view.logs:
             raw.setdefault(task, []).append(line)

@@ -155,7 +155,13 @@ async def test_a_detached_job_outlives_its_kernel_and_is_attached_from_the_next(
         await second.attach("away")
         view = await second.status("away")
         assert view.spec["name"] == "away" and view.state in ("starting", "running")
-        assert [j["name"] for j in await second.list_jobs()] == ["away"]
+        [row] = await second.list_jobs()
+        assert row["name"] == "away" and row["detached"] is True and row["results"] == "pending"
+        assert first.detach_summary("away", ended=1000.0) == {
+            "detached": True,
+            "results": "waiting",
+            "kept_until": 1000.0 + 24 * 3600,  # the default retention, recorded when the job started
+        }
         assert await second.stop("away")
         await wait_gone(k8s_plane, ns, "away", 30)
         with pytest.raises((NoSuchJob, JobSpecError)):

@@ -64,5 +64,10 @@ class Backend(abc.ABC):
         it); NoSuchJob, or a subclass with a better sentence, when there is none to take up."""
         raise NoSuchJob(name)
 
+    def detach_summary(self, name: str, ended: float | None = None) -> dict[str, Any]:
+        """What the lab panel and `%tfdist list` add for a detached job (results waiting until when, taken,
+        none); ``ended`` is the job's end from its status when the caller has it."""
+        return {"detached": False}
+
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release what this backend object holds (connections); running jobs are not touched."""

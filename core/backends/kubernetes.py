@@ -671,8 +671,22 @@ class KubernetesBackend(Backend):
         out = []
         for name in sorted({j.metadata.name for j in roots} | set(self._jobs)):
             with contextlib.suppress(NoSuchJob):
-                out.append((await self.status(name)).summary())
+                summary = (await self.status(name)).summary()
+                out.append(summary | self.detach_summary(name, summary.get("ended")))
         return out
+
+    def detach_summary(self, name: str, ended: float | None = None) -> dict[str, Any]:
+        """From this server's record of the detached job (the kernel that started it wrote it): results
+        waiting in the coordinator pod until the retention passes after the end, or already taken."""
+        rec = records.load(self._record_path(name))
+        if rec is None:
+            return {"detached": False}
+        if "taken" in rec:
+            return {"detached": True, "results": "taken"}
+        if ended is None:
+            return {"detached": True, "results": "pending"}
+        retention = float(rec.get("retention_s") or DETACHED_RESULT_WAIT_S)
+        return {"detached": True, "results": "waiting", "kept_until": ended + retention}
 
     async def logs(self, name: str, task: str | None = None, tail: int | None = None) -> dict[str, str]:
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -722,6 +736,7 @@ class KubernetesBackend(Backend):
             "root_uid": job.root_uid,
             "job_uids": sorted(job.job_uids),
             "created": job.created,
+            "retention_s": float(os.environ.get("TFDIST_RESULT_RETENTION_S") or DETACHED_RESULT_WAIT_S),
         }
         records.save(self._record_path(job.spec.name), rec)
 

@@ -473,9 +473,9 @@ class LocalBackend(Backend):
         # file reads off the event loop: the Jupyter server's loop serves every tab
         return await asyncio.to_thread(_read_logs, logdir, task, tail)
 
-    def detach_summary(self, name: str) -> dict[str, Any]:
+    def detach_summary(self, name: str, ended: float | None = None) -> dict[str, Any]:
         """What the lab panel and `%tfdist list` say of a detached job: its results waiting (until when),
-        already taken, or none; nothing for an ordinary job."""
+        already taken, or none; nothing for an ordinary job. The job's end is read from its directory."""
         rec = self._detached(name)
         if rec is None:
             return {"detached": False}
