@@ -318,6 +318,12 @@ def sampled_tasks(texts: list[str]) -> dict[str, tuple[float, float]]:
     return out
 
 
+def restarts_shown(texts: list[str], task: str) -> list[int]:
+    """Every restart count the monitor's task table showed for `task`."""
+    row = re.compile(rf"<tr><td[^>]*>{re.escape(task)}</td><td[^>]*>[a-z-]+</td><td[^>]*>(\d+)</td>")
+    return [int(m[1]) for t in texts for m in row.finditer(t)]
+
+
 EPOCH_LINE = re.compile(r"^(\d+)/(\d+|\?) (?!servers started)")
 
 
