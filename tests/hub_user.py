@@ -18,6 +18,8 @@ import psutil
 import requests
 import websocket
 
+from tests.kernels import idle_pool_of_live_kernel
+
 
 class _FormDefaults(HTMLParser):
     """What a browser submits from the spawn form untouched: the checked profile's enabled fields."""
@@ -250,13 +252,17 @@ def tree_rss(p: psutil.Process) -> int:
 
 
 def job_processes(user: str) -> list[psutil.Process]:
-    """Processes of %%tfdist jobs started by this hub user's kernels (supervisor and tasks); not a
-    kernel's idle warm pool, which ends with its kernel (tfdist.backends.pool, tests/test_warm_pool.py)."""
+    """Processes of %%tfdist jobs started by this hub user's kernels (supervisor, tasks, pooled processes
+    that became tasks); not the idle warm pool of a living kernel, which is the kernel's
+    (tests.kernels.idle_pool_of_live_kernel): once the kernel is gone its pool counts as left behind."""
     out = []
-    for p in psutil.process_iter(["cmdline", "name"]):
+    for p in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             cmd = " ".join(p.info["cmdline"] or [])
-            idle_pool = p.info["name"] == "tfdist-pool"  # tfdist.runtime.zygote.IDLE_NAME
-            if "tfdist.runtime." in cmd and not idle_pool and p.environ().get("TFDIST_USER") == user:
+            if (
+                "tfdist.runtime." in cmd
+                and not idle_pool_of_live_kernel(p)
+                and p.environ().get("TFDIST_USER") == user
+            ):
                 out.append(p)
     return out

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 from jupyter_client.manager import KernelManager
 
-from tfdist.runtime.zygote import IDLE_NAME
+from tfdist.backends.pool import STATE_PREFIX
 
 
 @dataclass
@@ -115,18 +115,49 @@ RUN_MARK = f"tfdist-test-{os.getpid()}"
 
 
 def job_processes() -> list[psutil.Process]:
-    """Every live process of a tfdist job started by this test run (supervisors, tasks, coordinators);
-    not a kernel's idle warm pool (named IDLE_NAME while it waits, tests/test_warm_pool.py owns it)."""
+    """Every live process of a tfdist job started by this test run (supervisors, tasks, coordinators,
+    pooled processes that became one); not the idle warm pool of a living kernel (see below)."""
     out = []
-    for p in psutil.process_iter(["cmdline", "name"]):
+    for p in psutil.process_iter(["cmdline"]):
         try:
-            if "tfdist.runtime." not in " ".join(p.info.get("cmdline") or []) or p.info["name"] == IDLE_NAME:
+            if "tfdist.runtime." not in " ".join(p.info.get("cmdline") or []) or idle_pool_of_live_kernel(p):
                 continue
             if p.environ().get("TFDIST_TEST_RUN") == RUN_MARK and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
         except psutil.Error:
             continue
     return out
+
+
+def idle_pool_of_live_kernel(p: psutil.Process) -> bool:
+    """Whether `p` is part of a waiting warm pool (tfdist.backends.pool) whose kernel still runs: such a
+    pool is the kernel's, not a job. Told by what the process is, not by its name (IDLE_NAME is set only
+    once TensorFlow is imported): its command line (python -m tfdist.runtime.warmpool / .zygote) and
+    what it still holds while it waits. A zygote waits with the pool's socket as stdin and has /dev/null
+    there once it became a task; the warm supervisor writes to the pool's log (STATE_PREFIX*.log) until it
+    takes a job, then to that job's supervisor.log. A pool whose kernel is gone counts as left behind."""
+    try:
+        cmd = p.cmdline()
+        if "tfdist.runtime.zygote" in cmd:
+            if not os.readlink(f"/proc/{p.pid}/fd/0").startswith("socket:"):
+                return False  # it became a task
+            pool = p.parent()
+        elif "tfdist.runtime.warmpool" in cmd:
+            pool = p
+        else:
+            return False
+        if pool is None or "tfdist.runtime.warmpool" not in pool.cmdline():
+            return False
+        if not os.path.basename(os.readlink(f"/proc/{pool.pid}/fd/1")).startswith(STATE_PREFIX):
+            return False  # the warm supervisor took a job: it and its tasks are that job's
+        kernel = pool.parent()
+        return (
+            kernel is not None
+            and kernel.status() != psutil.STATUS_ZOMBIE
+            and "ipykernel" in " ".join(kernel.cmdline())
+        )
+    except (OSError, psutil.Error):
+        return False
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:
