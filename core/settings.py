@@ -27,6 +27,7 @@ ENV_POD_UID = "TFDIST_POD_UID"
 ENV_KUEUE_QUEUE = "TFDIST_KUEUE_QUEUE"  # optional Kueue LocalQueue name
 ENV_GPU_NODE_SELECTOR = "TFDIST_GPU_NODE_SELECTOR"  # JSON: node selector of the GPU model (workers' pods)
 ENV_GPU_TOLERATIONS = "TFDIST_GPU_TOLERATIONS"  # JSON list: tolerations of the GPU model
+ENV_GPU_RESOURCE = "TFDIST_GPU_RESOURCE"  # extended resource of the GPU model (nvidia.com/mig-1g.10gb, ...)
 ENV_USER = "TFDIST_USER"  # the hub user name (labels); falls back to JUPYTERHUB_USER / $USER
 ENV_STATE_DIR = "TFDIST_STATE_DIR"  # where local jobs keep sockets, logs and results
 
@@ -49,6 +50,7 @@ class Settings(BaseSettings):
     kueue_queue: str | None = Field(None, validation_alias=ENV_KUEUE_QUEUE)
     gpu_node_selector: dict[str, str] | None = Field(None, validation_alias=ENV_GPU_NODE_SELECTOR)
     gpu_tolerations: list[dict[str, Any]] | None = Field(None, validation_alias=ENV_GPU_TOLERATIONS)
+    gpu_resource: str | None = Field(None, validation_alias=ENV_GPU_RESOURCE)
     user: str = Field("user", validation_alias=AliasChoices(ENV_USER, "JUPYTERHUB_USER", "USER"))
     state_dir: str = Field("", validation_alias=ENV_STATE_DIR)
     # only to derive state_dir's default (a per-login runtime directory when there is one)

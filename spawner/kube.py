@@ -207,6 +207,9 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
             model = self.tfdist_profiles().gpu_models[choice.gpu_model]
             env[settings.ENV_GPU_NODE_SELECTOR] = json.dumps(model.node_selector)
             env[settings.ENV_GPU_TOLERATIONS] = json.dumps([t.as_k8s() for t in model.tolerations])
+            # and asks for the model's resource: a MIG profile's, not nvidia.com/gpu (the admission
+            # policy refuses any other)
+            env[settings.ENV_GPU_RESOURCE] = model.resource
         if choice is not None:
             profile = self.tfdist_profiles().profile(choice.profile)
             if profile is not None and profile.kueue_queue:

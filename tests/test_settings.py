@@ -29,6 +29,7 @@ def test_spawner_values_are_parsed(tmp_path):
             settings.ENV_GPUS: "2",
             settings.ENV_GPU_NODE_SELECTOR: json.dumps(sel),
             settings.ENV_GPU_TOLERATIONS: json.dumps(tol),
+            settings.ENV_GPU_RESOURCE: "nvidia.com/mig-1g.10gb",
             settings.ENV_KUEUE_QUEUE: "",  # "not given" as the spawner writes it
             settings.ENV_STATE_DIR: str(tmp_path),
             "JUPYTERHUB_USER": "ann",
@@ -37,6 +38,8 @@ def test_spawner_values_are_parsed(tmp_path):
     )
     assert (s.backend, s.namespace, s.gpus) == ("kubernetes", "user-ann", 2)
     assert s.gpu_node_selector == sel and s.gpu_tolerations == tol and s.kueue_queue is None
+    assert s.gpu_resource == "nvidia.com/mig-1g.10gb"
+    assert from_environ({settings.ENV_GPU_RESOURCE: ""}).gpu_resource is None  # not given: whole GPUs
     assert s.state_dir == str(tmp_path)
     assert s.user == "ann"  # the hub's name wins over the Unix account
     assert from_environ({settings.ENV_USER: "bob", "JUPYTERHUB_USER": "ann"}).user == "bob"

@@ -6,6 +6,7 @@ that points nowhere (KubeSpawner loads a config in __init__ but calls no API to 
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,8 @@ async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
     assert env[settings.ENV_WORKER_IMAGE]["value"] == "registry.example.org/ml/tfdist-worker:0.1"
     assert env[settings.ENV_GPUS]["value"] == "2"
     assert env[settings.ENV_GPU_MODEL]["value"] == "h100"
+    # %%tfdist's GPU workers ask for the model's resource: whole GPUs here
+    assert env[settings.ENV_GPU_RESOURCE]["value"] == "nvidia.com/gpu"
     assert "TFDIST_SERVICE_ACCOUNT" not in env  # nothing in the kernel reads it (the pod spec names it)
     assert env[settings.ENV_KUEUE_QUEUE]["value"] == "ml-team"
     assert env[settings.ENV_USER]["value"] == "alice"
@@ -133,6 +136,10 @@ async def test_mig_and_limit_factor_and_no_sticky_gpu(kubeconfig: None) -> None:
     assert c["resources"]["limits"]["nvidia.com/mig-1g.10gb"] == "1"
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
     assert pod["spec"]["nodeSelector"]["nvidia.com/mig.config"] == "all-1g.10gb"
+    # the jobs' GPU workers ask for the same MIG profile (the admission policy refuses nvidia.com/gpu)
+    env = {e["name"]: e for e in c["env"]}
+    assert env[settings.ENV_GPU_RESOURCE]["value"] == "nvidia.com/mig-1g.10gb"
+    assert json.loads(env[settings.ENV_GPU_NODE_SELECTOR]["value"])["nvidia.com/mig.config"] == "all-1g.10gb"
     # the same spawner object, next spawn CPU-only: nothing of the GPU choice is left
     cpu = {"profile": "cpu", "cpu": 1, "memory": 2, "image": "quay.io/jupyter/tensorflow-notebook:2026-06-01"}
     sp.clear_state()
@@ -144,6 +151,7 @@ async def test_mig_and_limit_factor_and_no_sticky_gpu(kubeconfig: None) -> None:
     assert all(t.get("key") != "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
     env = {e["name"]: e for e in c["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"
+    assert settings.ENV_GPU_RESOURCE not in env and settings.ENV_GPU_NODE_SELECTOR not in env
     assert env[settings.ENV_GPUS]["value"] == "0"
 
 

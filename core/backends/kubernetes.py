@@ -89,6 +89,8 @@ class KubernetesBackend(Backend):
         self._jobs: dict[str, _Job] = {}
         self.node_selector: dict[str, str] | None = settings.gpu_node_selector
         self.tolerations: list[dict] | None = settings.gpu_tolerations
+        # the profile's GPU model (a MIG profile is a resource of its own); whole GPUs without one
+        self.gpu_resource: str = settings.gpu_resource or mf.GPU_RESOURCE
         self.notebook_labels: dict[str, str] | None = (
             mf.notebook_pod_labels(settings.user) if settings.pod_name else None
         )
@@ -231,6 +233,7 @@ class KubernetesBackend(Backend):
                 notebook_labels=self.notebook_labels,
                 node_selector=self.node_selector,
                 tolerations=self.tolerations,
+                gpu_resource=self.gpu_resource,
                 queue=self.settings.kueue_queue,
             ):
                 created.append(await self._create_translated(obj, spec))
@@ -298,7 +301,7 @@ class KubernetesBackend(Backend):
 
         need: dict[str, float] = {"pods": spec.task_count}
         if spec.gpus_per_worker:
-            need[f"requests.{mf.GPU_RESOURCE}"] = spec.workers * spec.gpus_per_worker
+            need[f"requests.{self.gpu_resource}"] = spec.workers * spec.gpus_per_worker
         if spec.cpu:
             need["requests.cpu"] = need["limits.cpu"] = spec.cpu * spec.task_count
         if spec.memory_bytes:

@@ -24,7 +24,11 @@ STRATEGY = "allreduce"
 
 
 def _as_replica(
-    spec: JobSpec, template: dict[str, Any], node_selector: dict | None, tolerations: list | None
+    spec: JobSpec,
+    template: dict[str, Any],
+    node_selector: dict | None,
+    tolerations: list | None,
+    gpu_resource: str = mf.GPU_RESOURCE,
 ) -> None:
     """Turn a PS job's pod template into an all-reduce replica's: cluster, strategy, GPUs."""
     container = template["spec"]["containers"][0]
@@ -34,7 +38,7 @@ def _as_replica(
         if e["name"] in values:
             e["value"] = values.pop(e["name"])
     container["env"] += [{"name": k, "value": v} for k, v in values.items()]
-    container["resources"] = mf._resources(spec, spec.gpus_per_worker)
+    container["resources"] = mf._resources(spec, spec.gpus_per_worker, gpu_resource)
     if spec.gpus_per_worker and node_selector:
         template["spec"]["nodeSelector"] = dict(node_selector)
     if spec.gpus_per_worker and tolerations:
@@ -47,6 +51,7 @@ def root_job(
     *,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
+    gpu_resource: str = mf.GPU_RESOURCE,
     queue: str | None = None,
     result_wait_s: float | None = None,
     lifeline_s: int | None = None,
@@ -56,7 +61,7 @@ def root_job(
     job = mf.root_job(
         spec, owner, queue=queue, result_wait_s=result_wait_s, lifeline_s=lifeline_s, suspend=suspend
     )
-    _as_replica(spec, job["spec"]["template"], node_selector, tolerations)
+    _as_replica(spec, job["spec"]["template"], node_selector, tolerations, gpu_resource)
     return job
 
 
@@ -66,6 +71,7 @@ def worker_job(
     *,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
+    gpu_resource: str = mf.GPU_RESOURCE,
     queue: str | None = None,
 ) -> dict[str, Any] | None:
     """Replicas 1..N-1 as one Indexed Job (None for a one-worker job); a failed index fails the job."""
@@ -79,7 +85,7 @@ def worker_job(
         job_spec.pop(key, None)
     job_spec["backoffLimit"] = 0
     template = job_spec["template"]
-    _as_replica(spec, template, node_selector, tolerations)
+    _as_replica(spec, template, node_selector, tolerations, gpu_resource)
     template["spec"]["containers"][0]["command"] = [
         "python",
         "-m",
@@ -97,10 +103,18 @@ def job_objects(
     notebook_labels: dict[str, str] | None = None,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
+    gpu_resource: str = mf.GPU_RESOURCE,
     queue: str | None = None,
 ) -> list[dict[str, Any]]:
     """What the root owns, in `manifests.job_objects`' order, without a PS Job."""
-    workers = worker_job(spec, root, node_selector=node_selector, tolerations=tolerations, queue=queue)
+    workers = worker_job(
+        spec,
+        root,
+        node_selector=node_selector,
+        tolerations=tolerations,
+        gpu_resource=gpu_resource,
+        queue=queue,
+    )
     return [
         *([workers] if workers else []),
         mf.secret(spec, root, token),

@@ -161,7 +161,9 @@ def network_policy(
     }
 
 
-def _resources(spec: JobSpec, gpus: int) -> dict[str, Any]:
+def _resources(spec: JobSpec, gpus: int, gpu_resource: str = GPU_RESOURCE) -> dict[str, Any]:
+    """Requests/limits of one container; GPUs as `gpu_resource`, the profile's model (a MIG profile such as
+    nvidia.com/mig-1g.10gb is a resource of its own)."""
     req: dict[str, str] = {}
     lim: dict[str, str] = {}
     if spec.cpu:
@@ -169,7 +171,7 @@ def _resources(spec: JobSpec, gpus: int) -> dict[str, Any]:
     if spec.memory_bytes:
         req["memory"] = lim["memory"] = str(spec.memory_bytes)
     if gpus:
-        lim[GPU_RESOURCE] = str(gpus)
+        lim[gpu_resource] = str(gpus)
     out: dict[str, Any] = {}
     if req:
         out["requests"] = req
@@ -184,6 +186,7 @@ def pod_template(
     *,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
+    gpu_resource: str = GPU_RESOURCE,
     queue: str | None = None,
     result_wait_s: float | None = None,
 ) -> dict[str, Any]:
@@ -214,7 +217,7 @@ def pod_template(
         "env": env,
         "ports": [{"name": "tf", "containerPort": TF_PORT}]
         + ([{"name": "agent", "containerPort": AGENT_PORT}] if role == "chief" else []),
-        "resources": _resources(spec, gpus),
+        "resources": _resources(spec, gpus, gpu_resource),
         "securityContext": {  # Pod Security "restricted"
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -289,6 +292,7 @@ def task_job(
     *,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
+    gpu_resource: str = GPU_RESOURCE,
     queue: str | None = None,
 ) -> dict[str, Any]:
     """PS or workers: one Indexed Job. A worker index that fails is replaced up to WORKER_RESTARTS times
@@ -300,7 +304,12 @@ def task_job(
         "parallelism": n,
         "ttlSecondsAfterFinished": FINISHED_TTL_S,
         "template": pod_template(
-            spec, role, node_selector=node_selector, tolerations=tolerations, queue=queue
+            spec,
+            role,
+            node_selector=node_selector,
+            tolerations=tolerations,
+            gpu_resource=gpu_resource,
+            queue=queue,
         ),
     }
     if role == "worker":
@@ -327,12 +336,21 @@ def job_objects(
     notebook_labels: dict[str, str] | None = None,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
+    gpu_resource: str = GPU_RESOURCE,
     queue: str | None = None,
 ) -> list[dict[str, Any]]:
     """What the root owns, in creation order: the workers' Job first (the one an admission policy is most
     likely to refuse), then what the tasks need, then the PS."""
     objs = [
-        task_job(spec, "worker", root, node_selector=node_selector, tolerations=tolerations, queue=queue),
+        task_job(
+            spec,
+            "worker",
+            root,
+            node_selector=node_selector,
+            tolerations=tolerations,
+            gpu_resource=gpu_resource,
+            queue=queue,
+        ),
         secret(spec, root, token),
         service(spec, root),
         network_policy(spec, root, notebook_labels),
