@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import BackendUnavailable, JobSpecError, NoSuchJob, TfdistError
 from ..jobspec import JobSpec
-from ..jobview import JobView
+from ..jobview import TERMINAL, JobView
 from ..kube import manifests as mf
 from ..kube import records
 from ..kube import status as st
@@ -463,7 +463,7 @@ class KubernetesBackend(Backend):
         try:
             while True:
                 ev = await q.get()
-                final = ev["type"] == "state" and ev["state"] in st.TERMINAL
+                final = ev["type"] == "state" and ev["state"] in TERMINAL
                 if final and ev["state"] != "succeeded":
                     self._finish(name)
                 yield ev

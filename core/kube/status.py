@@ -13,7 +13,6 @@ from ..jobspec import JobSpec
 from ..jobview import JobView
 from . import manifests as mf
 
-TERMINAL = ("succeeded", "failed", "stopped")
 TaskStates = dict[str, tuple[str, str]]  # task -> (state, message)
 
 
