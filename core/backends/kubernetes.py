@@ -575,6 +575,17 @@ class KubernetesBackend(Backend):
                                 tasks.pop(task, None)
                             for ev in st.task_events([obj] if item["type"] != "DELETED" else [], tasks):
                                 yield ev
+                        if item["type"] == "DELETED" and not tasks and await self._root(name) is None:
+                            # every pod and the root gone while running: deleted by someone else, or with
+                            # the notebook pod that owned it (the agent's stream would only time out)
+                            yield {
+                                "type": "state",
+                                "state": "stopped",
+                                "message": "the job was deleted in the cluster (with its notebook server, "
+                                "or by someone else); nothing of it is left",
+                                "t": time.time(),
+                            }
+                            return
                         done = st.outcome(tasks)
                         if done:
                             yield done
