@@ -82,6 +82,7 @@ def kube_hub(real_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/test does this)")
     from tfdist.spawner.localhub import free_port
 
+    real_cluster.ensure()  # an earlier module's teardown tests may have taken the cluster down
     images = build_images()
     print(f"\nnotebook image {images['notebook']['ref']}: {images['notebook']['archive_bytes'] / 1e6:.0f} MB")
     state = real_cluster.state

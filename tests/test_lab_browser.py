@@ -188,6 +188,8 @@ class NotebookKernel:
         self.kc = BlockingKernelClient(connection_file=str(lab.runtime_dir / f"kernel-{self.kernel_id}.json"))
         self.kc.load_connection_file()
         self.kc.start_channels()
+        # a kernel late with a heartbeat on a loaded 2-core machine is busy, not dead (the default is 1 s)
+        self.kc.hb_channel.time_to_dead = 30.0
         self.kc.wait_for_ready(timeout=120)
 
     def execute(self, code: str) -> str:
