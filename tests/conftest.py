@@ -12,32 +12,28 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
+CLUSTER_FIXTURES = {"k8s_plane", "real_cluster"}
 _GROUP = pytest.StashKey[str]()
-# the longest groups start first (scripts/test keeps this order: --no-loadscope-reorder), then modules with
-# TensorFlow jobs or a browser, so the short ones fill in at the end
-_FIRST = {"realnode": 0, "kwok": 1}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Group and order tests for pytest-xdist (scripts/test runs ``-n 2 --dist loadgroup``).
+    """Group tests for pytest-xdist (scripts/test runs ``-n 2 --dist loadgroup``).
 
-    A module stays on one worker so its module-scoped fixtures (a trained job, a hub) are built once.
-    Every test on the one-machine cluster with a real node shares one worker: some take that cluster down
-    and up again. Every test on the kwok plane shares another: one plane per run.
+    A module stays on one worker so its module-scoped fixtures (a trained job, a hub) are built once, and
+    every test that touches a cluster shares one worker: one control plane per run, and the kwok plane's
+    host-process pods never overlap the real node's pod network (both use 10.244.0.0/16).
     """
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        if "real_cluster" in names or item.get_closest_marker("realnode"):
-            group = "realnode"
-        elif "k8s_plane" in names or item.get_closest_marker("k8s"):
-            group = "kwok"
+        uses_cluster = CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses_cluster or item.get_closest_marker("k8s") or item.get_closest_marker("realnode"):
+            group = "cluster"
         else:
             group = item.module.__name__ if item.module else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
         item.stash[_GROUP] = group
-    slow = {it.stash[_GROUP] for it in items if any(it.get_closest_marker(m) for m in ("slow", "browser"))}
-    items.sort(key=lambda it: _FIRST.get(it.stash[_GROUP], 2 if it.stash[_GROUP] in slow else 3))
+    # the cluster group is the longest: it starts first so the other worker's modules fill in around it
+    items.sort(key=lambda it: it.stash[_GROUP] != "cluster")
 
 
 @pytest.fixture(scope="session")
