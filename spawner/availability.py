@@ -44,6 +44,7 @@ __all__ = [
 STALE_AFTER_BACKOFF_S = 8.0  # after 0.5+1+2+4 s of failed retries (~7.5 s)
 log = logging.getLogger(__name__)
 
+
 def parse_quantity(q: Any) -> float:
     """A quantity as a number; what does not parse counts as 0 (a node's odd field must not hide the rest)."""
     try:

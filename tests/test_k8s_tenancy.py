@@ -12,6 +12,7 @@ import json
 import pickle
 import socket
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -407,6 +408,32 @@ async def test_quota_binds_even_without_the_kernels_check_and_a_good_job_is_admi
         ]
     finally:
         await b.stop("fits")
+        await b.close()
+
+
+async def test_the_next_job_waits_for_the_quota_the_last_one_is_letting_go_of(k8s_plane, users, tmp_path):
+    """Two cells in a row: the second job's quota check must not fail because the first job's pods are still
+    being deleted; a job that a RUNNING job keeps out is refused at once, as before."""
+    ns = users["ann"]
+    b = _backend(k8s_plane, _user_kubeconfig(k8s_plane, ns, tmp_path, "ann"), ns, "ann", **GPU_ENV)
+    full = {"user": "ann", "backend": "kubernetes", "workers": 2, "gpus_per_worker": 4}
+    try:
+        await b.submit(JobSpec(name="first", **full), b"p", Launch())
+        assert await collect(b, "first", lambda ev: ev.get("type") == "state" and ev["state"] == "running")
+        t0 = time.monotonic()
+        with pytest.raises(JobSpecError, match=r"exceed your quota of nvidia\.com/gpu: it needs 8, 8 of 8"):
+            await b.submit(JobSpec(name="blocked", **full), b"p", Launch())
+        assert time.monotonic() - t0 < 10, "a job kept out by a running job must be refused at once"
+        assert _left(k8s_plane, ns, "blocked") == []
+
+        await b.stop("first")  # the cell ended; its pods are on their way out
+        t0 = time.monotonic()
+        await b.submit(JobSpec(name="second", **full), b"p", Launch())
+        print(f"\nfirst stopped -> second admitted after {time.monotonic() - t0:.1f}s")
+        assert await collect(b, "second", lambda ev: ev.get("type") == "state" and ev["state"] == "running")
+    finally:
+        for name in ("first", "second"):
+            await b.stop(name)
         await b.close()
 
 

@@ -44,6 +44,8 @@ DETACHED_RESULT_WAIT_S = (
     24 * 3600.0
 )  # default retention of a detached job's results (TFDIST_RESULT_RETENTION_S)
 AGENT_GRACE_S = 30.0
+# a job refused for quota that this user's ending jobs still hold waits this long for them to let go
+QUOTA_RELEASE_WAIT_S = 90.0
 
 
 def current_namespace(settings: Settings) -> str:
@@ -87,6 +89,7 @@ class KubernetesBackend(Backend):
         self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
         self._api: Any = None
         self._jobs: dict[str, _Job] = {}
+        self._ended: set[str] = set()  # jobs this backend stopped or took the results of
         self.node_selector: dict[str, str] | None = settings.gpu_node_selector
         self.tolerations: list[dict] | None = settings.gpu_tolerations
         # the profile's GPU model (a MIG profile is a resource of its own); whole GPUs without one
@@ -296,7 +299,35 @@ class KubernetesBackend(Backend):
 
     async def _check_quota(self, spec: JobSpec) -> None:
         """Refuse, before anything is created, a job that the namespace's ResourceQuota cannot admit now
-        (the quota still binds without this check: the Job controller cannot create the pods)."""
+        (the quota still binds without this check: the Job controller cannot create the pods).
+
+        A shortfall that this user's own ending jobs hold (pods being deleted: the cell before this one
+        returned its weights a moment ago) is waited out, up to QUOTA_RELEASE_WAIT_S: running two cells in
+        a row must not fail because the first one's pods are still shutting down."""
+        deadline = time.monotonic() + QUOTA_RELEASE_WAIT_S
+        while True:
+            short = await self._quota_shortfall(spec)
+            if short is None:
+                return
+            if time.monotonic() > deadline or not await self._releasing():
+                raise JobSpecError(short)
+            await asyncio.sleep(1.0)
+
+    async def _releasing(self) -> bool:
+        """Whether pods of this user's jobs are on their way out (deleted, or of a job this backend ended)."""
+        try:
+            pods = (await self._list_pods(f"{mf.L_USER}={mf.user_label(self.settings.user)}"))["items"]
+        except Exception:
+            return False
+        for p in pods:
+            meta = p.get("metadata") or {}
+            if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue  # a finished pod holds no quota
+            if meta.get("deletionTimestamp") or (meta.get("labels") or {}).get(mf.L_JOB) in self._ended:
+                return True
+        return False
+
+    async def _quota_shortfall(self, spec: JobSpec) -> str | None:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         need: dict[str, float] = {"pods": spec.task_count}
@@ -309,7 +340,7 @@ class KubernetesBackend(Backend):
         try:
             quotas = (await (await self._core()).list_namespaced_resource_quota(spec.namespace)).items
         except ApiException:
-            return  # no right to read quotas (shared namespace): the cluster still enforces them
+            return None  # no right to read quotas (shared namespace): the cluster still enforces them
         for q in quotas:
             hard = (q.status.hard if q.status else None) or (q.spec.hard if q.spec else None) or {}
             used = (q.status.used if q.status else None) or {}
@@ -320,11 +351,12 @@ class KubernetesBackend(Backend):
                 if now + amount > limit:
                     what = res.removeprefix("requests.").removeprefix("limits.")
                     fmt = (lambda v: f"{v / 2**30:g} GiB") if what == "memory" else (lambda v: f"{v:g}")
-                    raise JobSpecError(
+                    return (
                         f"the job would exceed your quota of {what}: it needs {fmt(amount)}, "
                         f"{fmt(now)} of {fmt(limit)} are in use (your notebook servers count too); "
                         "ask for less or stop another job"
                     )
+        return None
 
     def _owner(self) -> dict[str, Any] | None:
         if self.settings.pod_name and self.settings.pod_uid:
@@ -650,6 +682,7 @@ class KubernetesBackend(Backend):
     # ------------------------------------------------------------------ the rest of the interface
     async def stop(self, name: str, reason: str = "stopped") -> bool:
         """Delete the root: the garbage collector takes everything it owns, pods first."""
+        self._ended.add(name)
         self._finish(name)
         job = self._jobs.pop(name, None)
         if job is not None:
@@ -731,6 +764,11 @@ class KubernetesBackend(Backend):
             data = await job.agent.result()
             with contextlib.suppress(Exception):
                 await job.agent.done()
+            # The weights are in the notebook: nothing of the job is needed any more. Deleting the root
+            # now (rather than at its TTL) frees the pods and the quota they hold for the next cell.
+            self._ended.add(name)
+            with contextlib.suppress(Exception):
+                await self._delete("Job", name, self.namespace)
             return data
         finally:
             self._finish(name)

@@ -617,5 +617,6 @@ def main() -> int:
         bring_up_loopback()
     return asyncio.run(serve(jobdir))
 
+
 if __name__ == "__main__":
     sys.exit(main())
