@@ -32,8 +32,13 @@ def pytest_collection_modifyitems(config, items):
             group = item.module.__name__ if item.module else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
         item.stash[_GROUP] = group
-    # the cluster group is the longest: it starts first so the other worker's modules fill in around it
-    items.sort(key=lambda it: it.stash[_GROUP] != "cluster")
+
+    # the cluster group is the longest: it starts first so the other worker's modules fill in around it;
+    # within it the tests that leave the cluster down come last (a later test would wait for a fresh `up`)
+    def order(it: pytest.Item) -> tuple[bool, bool]:
+        return it.stash[_GROUP] != "cluster", it.get_closest_marker("takes_cluster_down") is not None
+
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session")
