@@ -47,9 +47,10 @@ def test_task_count_and_ps_defaults():
         ),
         ({"checkpoint_every": 0}, "--checkpoint-every must be a positive number of steps"),
         (
-            {"strategy": "allreduce", "ps": 0, "backend": "kubernetes"},
-            "--strategy allreduce runs on the local backend only for now",
+            {"strategy": "allreduce", "ps": 2, "backend": "kubernetes"},
+            "--ps 2 does not go with --strategy allreduce",
         ),
+        ({"strategy": "allreduce", "ps": 0, "workers": 0, "backend": "kubernetes"}, "--workers must be"),
         ({"checkpoint_every": 10, "backend": "kubernetes"}, "--checkpoint-every needs storage every task"),
         ({"checkpoint_every": -3}, "--checkpoint-every must be a positive number of steps"),
         ({"checkpoint_every": 2.5}, "--checkpoint-every must be a positive number of steps"),
@@ -59,6 +60,12 @@ def test_task_count_and_ps_defaults():
 def test_bad_strategy_specs(kw, message):
     with pytest.raises(JobSpecError, match=re.escape(message)):
         validate(JobSpec(name="job", user="u", **kw), 0)
+
+
+def test_allreduce_is_accepted_on_both_backends():
+    for backend in ("local", "kubernetes"):
+        spec = JobSpec(name="job", user="u", backend=backend, strategy="allreduce", ps=0, workers=3)
+        assert validate(spec, 0).task_count == 3
 
 
 def test_every_task_is_told_its_strategy():

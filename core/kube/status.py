@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ..jobspec import JobSpec
-from ..jobview import JobView
+from ..jobview import JobView, Reason
 from . import manifests as mf
 
 TaskStates = dict[str, tuple[str, str]]  # task -> (state, message)
@@ -88,13 +88,36 @@ def servers_running(tasks: TaskStates, expected: int | None = None) -> bool:
     return bool(tasks) and all(s[0] in ("running", "exited-ok") for s in tasks.values())
 
 
-def outcome(tasks: TaskStates) -> dict[str, Any] | None:
+def outcome(tasks: TaskStates, strategy: str = "ps") -> dict[str, Any] | None:
     """The final state event once the tasks say the job ended: the coordinator succeeded, or the
-    coordinator or a PS failed (a failed worker is the Job controller's to replace)."""
+    coordinator or a PS failed (a failed PS worker is the Job controller's to replace). Under all-reduce a
+    failed worker ends the job: the other replicas cannot finish a step without it (no replacement)."""
     chief = tasks.get("chief-0")
     if chief and chief[0] == "exited-ok":
         return {"type": "state", "state": "succeeded", "message": "finished", "t": time.time()}
-    failed = {t: m for t, (s, m) in tasks.items() if s == "failed" and not t.startswith("worker")}
+    failed = {
+        t: m
+        for t, (s, m) in tasks.items()
+        if s == "failed" and (strategy == "allreduce" or not t.startswith("worker"))
+    }
+    lost = sorted(t for t in failed if t.startswith("worker")) if strategy == "allreduce" else []
+    if lost and not (chief and chief[0] == "failed"):
+        why = (
+            f"all-reduce worker {lost[0]} failed ({failed[lost[0]]}); the other workers cannot finish a "
+            "step without it (its log says why)"
+        )
+        return {
+            "type": "state",
+            "state": "failed",
+            "message": why,
+            "t": time.time(),
+            "error": {
+                "type": "WorkerLost",
+                "message": why,
+                "traceback": "",
+                "reason": Reason.TASK_FAILED.value,
+            },
+        }
     if failed or (chief and chief[0] == "failed"):
         why = "; ".join(f"{t}: {m}" for t, m in sorted(failed.items()))
         if chief and chief[1] == "DeadlineExceeded":
@@ -145,7 +168,7 @@ def view(
     tasks: TaskStates = {}
     for ev in task_events(newest_per_task(pods), tasks):
         v.apply(ev)
-    done = outcome(tasks) or root_outcome(root)
+    done = outcome(tasks, spec.strategy if spec else "ps") or root_outcome(root)
     if done:
         v.apply(done)
     elif root is None:  # deleted first (stop, TTL): its pods only wait for the garbage collector

@@ -2,10 +2,11 @@
 
 A small HTTP server in the coordinator pod (aiohttp, the maintained server the notebook's client already
 uses, on its own loop in a thread). The notebook PUTs the payload (any size: streamed to disk, not a 1 MiB
-ConfigMap), reads the job's events (a long poll), and GETs the results; workers POST their samples. Every
-call but /healthz must be signed with the job's token (a per-job Secret; tfdist.kube.signing: the token
-itself never travels) and every answer is signed back, so the notebook unpickles only what this agent
-sent; the NetworkPolicy admits only the job's pods and the notebook pod to this port.
+ConfigMap), reads the job's events (a long poll), and GETs the results; workers POST their samples, and
+all-reduce workers GET the payload (they run the cell too). Every call but /healthz must be signed with
+the job's token (a per-job Secret; tfdist.kube.signing: the token itself never travels) and every answer
+is signed back, so the notebook unpickles only what this agent sent; the NetworkPolicy admits only the
+job's pods and the notebook pod to this port.
 """
 
 from __future__ import annotations
@@ -172,6 +173,13 @@ def make_app(state: AgentState) -> web.Application:
         await resp.write_eof()
         return resp
 
+    async def payload(request: web.Request, nonce: str) -> web.StreamResponse:
+        # all-reduce workers run the cell too: they fetch it here, signed like everything else (the token
+        # is the job's own Secret, which only the job's pods and the notebook hold)
+        if not state.payload_ready.is_set():
+            return _reply(404, {"error": "no payload yet"}, nonce, state.token)
+        return await _send_file(request, os.path.join(state.jobdir, "payload.bin"), nonce, state.token)
+
     async def put(request: web.Request) -> web.StreamResponse:
         # the body is read (and hashed) to disk before the signature over it can be checked
         expected = request.content_length or 0
@@ -210,6 +218,8 @@ def make_app(state: AgentState) -> web.Application:
                     return await events(request, nonce)
                 if request.path == "/result":
                     return await result(request, nonce)
+                if request.path == "/payload":
+                    return await payload(request, nonce)
                 return _reply(404, {"error": "unknown path"}, nonce, state.token)
             if request.method == "PUT":
                 return await put(request)
@@ -232,6 +242,25 @@ def make_app(state: AgentState) -> web.Application:
     app = web.Application(client_max_size=MAX_POST)
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app
+
+
+async def _send_file(request: web.Request, path: str, nonce: str, token: str) -> web.StreamResponse:
+    """A file of any size, streamed, its response signed over the whole body's digest."""
+    size, digest = await asyncio.to_thread(_size_and_digest, path)  # hundreds of MB: off the loop
+    resp = web.StreamResponse(
+        status=200,
+        headers={
+            "Content-Type": "application/octet-stream",
+            signing.RESPONSE_HEADER: signing.sign_response(token, nonce, 200, digest),
+        },
+    )
+    resp.content_length = size
+    await resp.prepare(request)
+    with open(path, "rb") as f:
+        while chunk := await asyncio.to_thread(f.read, CHUNK):
+            await resp.write(chunk)
+    await resp.write_eof()
+    return resp
 
 
 def _size_and_digest(path: str) -> tuple[int, str]:

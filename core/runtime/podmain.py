@@ -1,10 +1,11 @@
-"""What a job's pod runs: `python -m tfdist.runtime.podmain chief|worker|ps`.
+"""What a job's pod runs: `python -m tfdist.runtime.podmain chief|worker|ps|allreduce-worker`.
 
 chief: the agent (tfdist.runtime.agent) plus the coordinator (tfdist.runtime.coordinator, the same code
 the local backend runs), exiting once the notebook has its results. worker/ps: the TF server
 (tfdist.runtime.task) plus a sampler that posts this pod's CPU, memory and GPU use to the agent; the pod
 exits when the coordinator has finished or its agent has been gone for a while, so PS pods never linger
-holding resources (TFJob's PS pods do).
+holding resources (TFJob's PS pods do). allreduce-worker: tfdist.runtime.allreduce_pod (the cell again, as
+one more MultiWorkerMirroredStrategy replica; chief-0 runs the same chief entry point as replica 0).
 """
 
 from __future__ import annotations
@@ -197,13 +198,17 @@ def task_environment(role: str, environ: dict[str, str] | None = None) -> None:
 
 def main() -> int:
     role = sys.argv[1] if len(sys.argv) > 1 else ""
-    if role in ("chief", "worker", "ps"):
-        task_environment(role)
+    if role in ("chief", "worker", "ps", "allreduce-worker"):
+        task_environment(role.removeprefix("allreduce-"))
     if role == "chief":
         return run_chief()
     if role in ("worker", "ps"):
         return run_server(role)
-    print("usage: python -m tfdist.runtime.podmain chief|worker|ps", file=sys.stderr)
+    if role == "allreduce-worker":  # replicas 1..N-1 of an all-reduce job: they run the cell too
+        from .allreduce_pod import run_worker
+
+        return run_worker()
+    print("usage: python -m tfdist.runtime.podmain chief|worker|ps|allreduce-worker", file=sys.stderr)
     return 2
 
 
