@@ -109,11 +109,6 @@ def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
         raise JobSpecError(f"--backend {spec.backend!r} is unknown: choose one of {', '.join(BACKENDS)}")
     if spec.cpu is not None and not (0 < spec.cpu <= 512):
         raise JobSpecError(f"--cpu must be a number of cores above 0 (got {spec.cpu})")
-    if spec.backend == "kubernetes" and spec.checkpoint_every is not None:
-        raise JobSpecError(
-            "--checkpoint-every needs storage every task reaches: local backend only for now (on Kubernetes "
-            "a lost PS still ends the job)"
-        )
     if spec.checkpoint_every is not None and (
         isinstance(spec.checkpoint_every, bool)
         or not isinstance(spec.checkpoint_every, int)

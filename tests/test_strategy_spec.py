@@ -51,7 +51,18 @@ def test_task_count_and_ps_defaults():
             "--ps 2 does not go with --strategy allreduce",
         ),
         ({"strategy": "allreduce", "ps": 0, "workers": 0, "backend": "kubernetes"}, "--workers must be"),
-        ({"checkpoint_every": 10, "backend": "kubernetes"}, "--checkpoint-every needs storage every task"),
+        (
+            {"checkpoint_every": 0, "backend": "kubernetes"},
+            "--checkpoint-every must be a positive number of steps",
+        ),
+        (
+            {"checkpoint_every": "10", "backend": "kubernetes"},
+            "--checkpoint-every must be a positive number of steps",
+        ),
+        (
+            {"strategy": "allreduce", "ps": 0, "checkpoint_every": 5, "backend": "kubernetes"},
+            "--checkpoint-every is for --strategy ps",
+        ),
         ({"checkpoint_every": -3}, "--checkpoint-every must be a positive number of steps"),
         ({"checkpoint_every": 2.5}, "--checkpoint-every must be a positive number of steps"),
         ({"checkpoint_every": True}, "--checkpoint-every must be a positive number of steps"),
@@ -66,6 +77,14 @@ def test_allreduce_is_accepted_on_both_backends():
     for backend in ("local", "kubernetes"):
         spec = JobSpec(name="job", user="u", backend=backend, strategy="allreduce", ps=0, workers=3)
         assert validate(spec, 0).task_count == 3
+
+
+def test_checkpoint_every_is_accepted_on_both_backends():
+    """A PS that comes back: the local supervisor restarts it, on Kubernetes the PS Job and the coordinator
+    pod do (tfdist.runtime.pspod)."""
+    for backend in ("local", "kubernetes"):
+        spec = JobSpec(name="job", user="u", backend=backend, checkpoint_every=25)
+        assert validate(spec, 0).checkpoint_every == 25
 
 
 def test_every_task_is_told_its_strategy():

@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import taskenv, tf_config
 from ..jobspec import JobSpec
+from ..runtime import psrecovery, psrestart
 
 TF_PORT = 2222
 # the coordinator agent's port; TFDIST_AGENT_PORT in the notebook's environment moves it (the pod is told)
@@ -36,6 +37,8 @@ L_NOTEBOOK = "tfdist.io/notebook-of"
 A_SPEC = "tfdist.io/spec"
 L_ROOT = "tfdist.io/root"  # on the root Job only: what list_jobs lists
 L_INDEX = "batch.kubernetes.io/job-completion-index"  # set by the Job controller on Indexed pods
+# on PS pods of a --checkpoint-every job: a failed PS pod is replaced (tfdist.kube.status: not the job's end)
+A_PS_RESTARTS = "tfdist.io/ps-restarts"
 GPU_RESOURCE = "nvidia.com/gpu"
 FINISHED_TTL_S = 15  # a finished root (and with it the whole job) is deleted this long after it ends
 WORKER_RESTARTS = 3  # per worker index (backoffLimitPerIndex)
@@ -210,6 +213,8 @@ def pod_template(
         env.append({"name": "TFDIST_AGENT_PORT", "value": str(AGENT_PORT)})
     if role == "chief" and result_wait_s is not None:
         env.append({"name": "TFDIST_RESULT_WAIT_S", "value": f"{result_wait_s:g}"})
+    if role == "chief" and ps_comes_back(spec):  # the coordinator pod checkpoints in its own job dir
+        env.append({"name": psrecovery.ENV_EVERY, "value": str(spec.checkpoint_every)})
     container: dict[str, Any] = {
         "name": "tensorflow",
         "image": spec.image,
@@ -247,7 +252,15 @@ def pod_template(
     meta_labels[L_ROLE] = role
     if queue:
         meta_labels["kueue.x-k8s.io/queue-name"] = queue
-    return {"metadata": {"labels": meta_labels}, "spec": pod_spec}
+    meta: dict[str, Any] = {"labels": meta_labels}
+    if role == "ps" and ps_comes_back(spec):
+        meta["annotations"] = {A_PS_RESTARTS: str(psrestart.MAX_PS_RESTARTS)}
+    return {"metadata": meta, "spec": pod_spec}
+
+
+def ps_comes_back(spec: JobSpec) -> bool:
+    """--checkpoint-every on a PS job: a lost PS pod is replaced and the coordinator resumes."""
+    return spec.strategy == "ps" and bool(spec.checkpoint_every)
 
 
 def _job_meta(spec: JobSpec, role: str, owner: dict | None, queue: str | None) -> dict[str, Any]:
@@ -296,7 +309,8 @@ def task_job(
     queue: str | None = None,
 ) -> dict[str, Any]:
     """PS or workers: one Indexed Job. A worker index that fails is replaced up to WORKER_RESTARTS times
-    (TF's coordinator re-sends its work); a failed PS index fails the PS Job (its variables are gone)."""
+    (TF's coordinator re-sends its work); a failed PS index fails the PS Job (its variables are gone),
+    unless --checkpoint-every lets it come back (up to psrestart.MAX_PS_RESTARTS times)."""
     n = spec.workers if role == "worker" else spec.ps
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
@@ -317,6 +331,12 @@ def task_job(
         job_spec["maxFailedIndexes"] = n
         # replace a worker as soon as its pod is going (the default with backoffLimitPerIndex waits for a
         # terminal phase, which a pod on a lost node may never report)
+        job_spec["podReplacementPolicy"] = "TerminatingOrFailed"
+    elif ps_comes_back(spec):
+        # --checkpoint-every: a lost PS pod comes back at its hostname, and the coordinator pod resumes
+        # from its checkpoint (tfdist.runtime.pspod); once a PS has used its restarts the Job fails
+        job_spec["backoffLimitPerIndex"] = psrestart.MAX_PS_RESTARTS
+        job_spec["maxFailedIndexes"] = 0
         job_spec["podReplacementPolicy"] = "TerminatingOrFailed"
     else:
         job_spec["backoffLimit"] = 0

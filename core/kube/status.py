@@ -48,7 +48,12 @@ def pod_task_state(pod: dict[str, Any]) -> tuple[str, str]:
     if phase == "Succeeded":
         return "exited-ok", ""
     if phase == "Failed":
-        return "failed", status.get("reason") or status.get("message") or "failed"
+        why = status.get("reason") or status.get("message") or "failed"
+        if (pod.get("metadata", {}).get("annotations") or {}).get(mf.A_PS_RESTARTS):
+            # --checkpoint-every: the PS Job replaces it and the coordinator pod resumes; when it has no
+            # restart left the coordinator fails, and says so
+            return "restarting", f"lost ({why}); being replaced"
+        return "failed", why
     return phase.lower(), ""
 
 

@@ -48,22 +48,7 @@ def run_chief() -> int:
     if not wait_until(state.payload_ready.is_set, float(os.environ.get("TFDIST_PAYLOAD_WAIT_S", "600"))):
         print("tfdist: no payload arrived; giving up", flush=True)
         return 3
-    r, w = os.pipe()
-    env = dict(os.environ, TFDIST_EVENTS_FD=str(w))
-    proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir],
-        env=env,
-        pass_fds=(w,),
-        preexec_fn=die_with_parent(),  # outside a container too, nothing outlives this process
-    )
-    os.close(w)
-    with os.fdopen(r, "rb") as pipe:
-        for line in pipe:
-            try:
-                state.log.add(wire.loads(line))
-            except ValueError:
-                continue
-    code = proc.wait()
+    code = _run_coordinator(state, jobdir)
     out = coordinator_outcome(jobdir, code)  # the same reading as the local supervisor's
     done: dict = {"type": "state", "state": out.state, "t": time.time(), "message": out.message}
     if out.error:
@@ -73,6 +58,40 @@ def run_chief() -> int:
     keep = float(os.environ.get("TFDIST_RESULT_WAIT_S") or RESULT_WAIT_S)
     wait_until(state.delivered.is_set, keep if code == 0 else 60.0)
     srv.shutdown()
+    return code
+
+
+def _run_coordinator(state: Any, jobdir: str) -> int:
+    """The coordinator subprocess, its events into the agent's log; with --checkpoint-every, started again
+    after a lost PS came back (tfdist.runtime.pspod), resuming from its checkpoint."""
+    from .pspod import PsWatch
+
+    watch = PsWatch.from_env(jobdir, state.log.add)
+    while True:
+        r, w = os.pipe()
+        env = dict(os.environ, TFDIST_EVENTS_FD=str(w))
+        if watch is not None:
+            env |= watch.coordinator_env()
+        proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir],
+            env=env,
+            pass_fds=(w,),
+            preexec_fn=die_with_parent(),  # outside a container too, nothing outlives this process
+        )
+        os.close(w)
+        if watch is not None:
+            watch.follow(proc)
+        with os.fdopen(r, "rb") as pipe:
+            for line in pipe:
+                try:
+                    state.log.add(wire.loads(line))
+                except ValueError:
+                    continue
+        code = proc.wait()
+        if watch is None or not watch.resume(code):
+            break
+    if watch is not None:
+        watch.close()
     return code
 
 

@@ -21,6 +21,26 @@ MAX_PS_RESTARTS = 3
 CKPT_DIR = "ckpt"
 
 
+def checkpoint_env(every: int, jobdir: str) -> dict[str, str]:
+    """The coordinator's checkpoint settings (psrecovery.settings): every N steps, into JOBDIR/ckpt."""
+    return {psrecovery.ENV_EVERY: str(every), psrecovery.ENV_DIR: os.path.join(jobdir, CKPT_DIR)}
+
+
+def restart_line(task: str, how: str, every: int, restarts: int) -> str:
+    """What the job's log says when a PS is lost and comes back (local supervisor and coordinator pod)."""
+    return (
+        f"tfdist: parameter server {task} {how}; restarting it and the coordinator, which "
+        f"resumes from the last checkpoint (every {every} steps) ({restarts}/{MAX_PS_RESTARTS})"
+    )
+
+
+def clear_leftovers(jobdir: str) -> None:
+    """A coordinator that died with its PS may have left its error: the next run's outcome is its own."""
+    for leftover in ("error.json", "result.bin"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(jobdir, leftover))
+
+
 class PsRestart:
     def __init__(self, spec: JobSpec, jobdir: str):
         self.enabled = spec.strategy == "ps" and bool(spec.checkpoint_every)
@@ -32,10 +52,7 @@ class PsRestart:
     def coordinator_env(self) -> dict[str, str]:
         if not self.enabled:
             return {}
-        return {
-            psrecovery.ENV_EVERY: str(self.every),
-            psrecovery.ENV_DIR: os.path.join(self.jobdir, CKPT_DIR),
-        }
+        return checkpoint_env(self.every, self.jobdir)
 
     def can_restart(self) -> bool:
         return self.enabled and self.restarts < MAX_PS_RESTARTS
@@ -43,10 +60,7 @@ class PsRestart:
     async def ps_lost(self, sup: Any, task: Any, how: str) -> None:
         """Restart the PS at its address, then end the coordinator: the job's loop starts a new one."""
         self.restarts += 1
-        line = (
-            f"tfdist: parameter server {task.name} {how}; restarting it and the coordinator, which "
-            f"resumes from the last checkpoint (every {self.every} steps) ({self.restarts}/{MAX_PS_RESTARTS})"
-        )
+        line = restart_line(task.name, how, self.every, self.restarts)
         sup.pending_logs.append((task.name, line))
         if task.log is not None:  # `%tfdist logs` shows it with the PS's own output
             task.log.write(line.encode() + b"\n")
@@ -85,9 +99,7 @@ class PsRestart:
         if not self.resume_pending:
             return False
         self.resume_pending = False
-        for leftover in ("error.json", "result.bin"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.jobdir, leftover))
+        clear_leftovers(self.jobdir)
         sup.sampler.forget("chief-0")
         chief.restarts += 1
         chief.killed_for = None

@@ -1,0 +1,117 @@
+"""A parameter server that comes back on the real node (`--checkpoint-every N`, Kubernetes backend).
+
+The example's `%%tfdist run` with checkpoints every few steps; the PS pod is deleted after the first epoch.
+The PS Job brings it back at the same hostname, the coordinator pod ends its coordinator, waits until the
+PS answers and starts it again, and the fit resumes from the last checkpoint: the cell succeeds with one
+history of exactly the asked epochs, the weights changed, the monitor said the PS was restarted, and nothing
+of the job is left afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.realnode_jobs import (
+    build_job_image,
+    digits_kernel,
+    drop_tenant,
+    epochs_shown,
+    job_pods,
+    make_tenant,
+    notebook_cells,
+    restarts_shown,
+    run_line,
+    running,
+    start_notebook_pod,
+    wait_for,
+    wait_gone,
+)
+from tfdist.kube import manifests as mf
+
+pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
+
+EPOCHS = 16
+
+
+@pytest.fixture(scope="module")
+def job_image(real_cluster) -> str:
+    real_cluster.ensure()  # up again if an earlier module's teardown test took it down
+    return build_job_image()
+
+
+@pytest.fixture
+def tenant(real_cluster, tmp_path):
+    t = make_tenant(real_cluster, "psr", tmp_path)
+    yield t
+    drop_tenant(real_cluster, t)
+
+
+@pytest.mark.timeout(1500)
+def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image, tenant, tmp_path):
+    ns = tenant.namespace
+    start_notebook_pod(real_cluster, tenant)
+    k = digits_kernel(tenant, job_image, tmp_path)
+    try:
+        since = k.mark()
+        line = run_line("psback", "--checkpoint-every 10").replace("epochs=8", f"epochs={EPOCHS}")
+        cell = k.submit(line)
+        # the PS Job and the coordinator's pod as the manifests made them
+        ps_job = wait_for(
+            "the PS Job",
+            lambda: real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs/psback-ps"),
+            120,
+        )
+        assert ps_job["spec"]["backoffLimitPerIndex"] == 3 and ps_job["spec"]["maxFailedIndexes"] == 0
+        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        shown_before = epochs_shown(k.widget_texts(since))
+        (victim,) = job_pods(real_cluster, ns, "psback", "ps")
+        real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
+        t0 = time.monotonic()
+
+        def replacement():
+            return [
+                p
+                for p in running(job_pods(real_cluster, ns, "psback", "ps"))
+                if p["metadata"]["uid"] != victim["metadata"]["uid"]
+            ]
+
+        (new_ps,) = wait_for("ps-0 replaced by the PS Job", replacement, 180)
+        t_pod = time.monotonic() - t0
+        assert new_ps["spec"]["hostname"] == victim["spec"]["hostname"] == "psback-ps-0"
+        wait_for(
+            "the coordinator restarted",
+            lambda: any("coordinator resumes from" in t for t in k.widget_texts(since)),
+            300,
+        )
+        t_resumed = time.monotonic() - t0
+        wait_for(
+            "an epoch after the restart",
+            lambda: epochs_shown(k.widget_texts(since)) > shown_before or k.idle_after(cell),
+            600,
+        )
+        t_epoch = time.monotonic() - t0
+        r = k.wait(cell, timeout=900)
+        assert r.error is None, r.error_text
+        texts = k.widget_texts(since)
+        said = [t for t in texts if "parameter server ps-0" in t]
+        assert said and "restarting it and the coordinator" in said[-1], texts[-5:]
+        back = [m for t in texts for m in re.findall(r"answer again after ([0-9.]+)s", t)]
+        print(
+            f"\nPS pod deleted -> new PS pod running {t_pod:.1f}s, coordinator resumed {t_resumed:.1f}s "
+            f"(lost -> answering again {back[-1] if back else '?'}s in the pod), next epoch {t_epoch:.1f}s;"
+            f" ps-0 restarts shown {max(restarts_shown(texts, 'ps-0') or [0])}"
+        )
+        r = k.run("print('epochs', len(history.history['loss']), history.epoch)")
+        assert f"epochs {EPOCHS} " in r.text and str(list(range(EPOCHS))) in r.text, r.text
+        r = k.run(notebook_cells()[3])
+        assert r.error is None and "weights changed: True" in r.text, r.error_text or r.text
+        pods = job_pods(real_cluster, ns, "psback")
+        took = wait_gone(real_cluster, ns, "psback", 60)
+        print(f"cell end -> every object gone {took:.1f}s ({len(pods)} pods left at the end of the cell)")
+        assert not job_pods(real_cluster, ns, "psback", "ps")
+        assert mf.A_PS_RESTARTS in (new_ps["metadata"].get("annotations") or {})
+    finally:
+        k.shutdown()
