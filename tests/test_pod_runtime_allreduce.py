@@ -175,8 +175,11 @@ def test_a_worker_pod_ends_when_the_chief_is_gone_mid_fit(tmp_path):
         _, alive = psutil.wait_procs(replica, timeout=10)
         assert not alive, "the worker's replica outlived its pod"
         log = (tmp_path / "worker-0.log").read_text(errors="replace")
-        assert "the chief's agent was unreachable" in log, log[-2000:]
-        print(f"\nchief killed -> worker pod ended: {took:.1f}s")
+        # either TensorFlow aborts the replica's collective (the peer reset the connection) or, blocked
+        # for good, the pod ends it once the agent has been gone for 30 s
+        how = "orphaned" if "the chief's agent was unreachable" in log else "collective aborted"
+        assert how == "orphaned" or "Collective ops is aborted" in log, log[-2000:]
+        print(f"\nchief killed -> worker pod ended ({how}, exit {worker.returncode}): {took:.1f}s")
     finally:
         end_all(procs)
 

@@ -1,0 +1,121 @@
+"""`--strategy allreduce` jobs through the Kubernetes backend against a real API server, scheduler, Job
+controller and garbage collector (kwok nodes: pods are scheduled and "run", no container runs; the pods'
+code trains in test_pod_runtime_allreduce.py and on the real node in test_k8s_realnode_allreduce.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.test_k8s_backend import H100, backend, collect, get, left, private_agent_port, spec, wait_gone
+from tfdist.backends.base import Launch
+from tfdist.errors import JobSpecError
+from tfdist.jobspec import default_ps, validate
+from tfdist.kube import manifests as mf
+
+pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
+__all__ = ["private_agent_port"]  # the fixture, imported for this module's tests
+
+
+def ar(name: str, ns: str, **kw):
+    return spec(name, ns, **({"strategy": "allreduce", "ps": 0, "workers": 3} | kw))
+
+
+def job_pods(plane, ns: str, job: str) -> list[dict]:
+    return get(plane, f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3D{job}")["items"]
+
+
+async def test_allreduce_job_is_a_root_and_a_worker_job_on_gpu_nodes_and_stop_leaves_nothing(
+    k8s_plane, k8s_namespace
+):
+    b = backend(k8s_plane, k8s_namespace)
+    b.node_selector = H100
+    ns = k8s_namespace
+    try:
+        await b.submit(ar("ar1", ns, gpus_per_worker=1), b"payload", Launch())
+        evs = await collect(b, "ar1", lambda ev, _: ev.get("type") == "state" and ev["state"] == "running")
+        assert {e["task"] for e in evs if e.get("type") == "task"} == {"chief-0", "worker-0", "worker-1"}
+        jobs = get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
+        assert sorted(j["metadata"]["name"] for j in jobs) == ["ar1", "ar1-worker"]  # no PS Job
+        pods = job_pods(k8s_plane, ns, "ar1")
+        assert sorted(p["metadata"]["labels"][mf.L_ROLE] for p in pods) == ["chief", "worker", "worker"]
+        for p in pods:  # every replica, chief-0 included, has its GPU and sits on a GPU node
+            (c,) = p["spec"]["containers"]
+            assert c["resources"]["limits"]["nvidia.com/gpu"] == "1", p["metadata"]["name"]
+            node = get(k8s_plane, f"/api/v1/nodes/{p['spec']['nodeName']}")
+            assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == H100["nvidia.com/gpu.product"]
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            assert env["TFDIST_STRATEGY"] == "allreduce" and '"ps"' not in env["TFDIST_CLUSTER"]
+        worker = next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == "worker")
+        assert worker["spec"]["containers"][0]["command"][-1] == "allreduce-worker"
+        view = await b.status("ar1")
+        assert view.state == "running" and view.total_tasks == 3
+        assert sorted(view.tasks) == ["chief-0", "worker-0", "worker-1"]
+        assert await b.stop("ar1")
+        took = await wait_gone(k8s_plane, ns, "ar1", 30)
+        print(f"\nstop -> nothing of the all-reduce job left: {took:.1f}s")
+    finally:
+        await b.close()
+
+
+async def test_a_failed_allreduce_worker_ends_the_job_and_is_not_replaced(k8s_plane, k8s_namespace):
+    """MWMS cannot take one worker back mid-step: the watch ends the job naming the worker (task-failed),
+    where a PS job's worker would be replaced."""
+    b = backend(k8s_plane, k8s_namespace)
+    ns = k8s_namespace
+    try:
+        await b.submit(ar("ar2", ns, workers=2), b"p", Launch())
+        events: list[dict] = []
+
+        async def follow():
+            async for ev in b.watch("ar2"):
+                events.append(ev)
+
+        task = asyncio.ensure_future(follow())
+        deadline = time.time() + 60
+        while not any(e.get("type") == "state" and e.get("state") == "running" for e in events):
+            assert time.time() < deadline, events[-5:]
+            await asyncio.sleep(0.2)
+        k8s_plane.kubectl(
+            "-n", ns, "label", "pod", "-l", f"{mf.L_JOB}=ar2,{mf.L_ROLE}=worker", "sim.tfdist.io/outcome=fail"
+        )
+        await asyncio.wait_for(task, 60)
+        final = events[-1]
+        assert final["type"] == "state" and final["state"] == "failed", events[-5:]
+        assert "all-reduce worker worker-0 failed" in final["message"], final
+        assert final["error"]["reason"] == "task-failed"
+        assert not any(e.get("type") == "task" and e.get("state") == "restarting" for e in events)
+        view = await b.status("ar2")
+        assert view.state == "failed" and view.reason == "task-failed", (view.state, view.reason)
+        workers = [
+            p for p in job_pods(k8s_plane, ns, "ar2") if p["metadata"]["labels"][mf.L_ROLE] == "worker"
+        ]
+        assert len(workers) == 1, "the failed worker was replaced"
+        await b.stop("ar2")
+        await wait_gone(k8s_plane, ns, "ar2", 30)
+    finally:
+        await b.close()
+
+
+async def test_refused_allreduce_jobs_create_nothing(k8s_plane, k8s_namespace):
+    ns = k8s_namespace
+    # bad input, refused before the backend is asked: what `%%tfdist run` checks
+    with pytest.raises(JobSpecError, match="--ps 1 does not go with --strategy allreduce"):
+        default_ps("allreduce", 1)
+    with pytest.raises(JobSpecError, match="--ps 2 does not go with --strategy allreduce"):
+        validate(ar("bad1", ns, ps=2), None)
+    with pytest.raises(JobSpecError, match="--checkpoint-every is for --strategy ps"):
+        validate(ar("bad2", ns, checkpoint_every=5), None)
+    # refused by the API server: the root itself carries the replicas' node selector here, so nothing
+    # is created at all
+    b = backend(k8s_plane, ns, TFDIST_GPU_NODE_SELECTOR='{"not a key!": "x"}')
+    try:
+        with pytest.raises(JobSpecError, match="the API server refused Job 'bad3'"):
+            await b.submit(ar("bad3", ns, gpus_per_worker=1), b"p", Launch())
+    finally:
+        await b.close()
+    for job in ("bad1", "bad2", "bad3"):
+        assert left(k8s_plane, ns, job) == []
+    assert job_pods(k8s_plane, ns, "bad3") == []
