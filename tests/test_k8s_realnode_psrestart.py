@@ -15,12 +15,9 @@ import time
 import pytest
 
 from tests.realnode_jobs import (
-    build_job_image,
     digits_kernel,
-    drop_tenant,
     epochs_shown,
     job_pods,
-    make_tenant,
     notebook_cells,
     restarts_shown,
     run_line,
@@ -29,6 +26,7 @@ from tests.realnode_jobs import (
     wait_for,
     wait_gone,
 )
+from tests.test_k8s_realnode_jobs import job_image, tenants  # noqa: F401  (the same fixtures)
 from tfdist.kube import manifests as mf
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
@@ -36,21 +34,9 @@ pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 EPOCHS = 16
 
 
-@pytest.fixture(scope="module")
-def job_image(real_cluster) -> str:
-    real_cluster.ensure()  # up again if an earlier module's teardown test took it down
-    return build_job_image()
-
-
-@pytest.fixture
-def tenant(real_cluster, tmp_path):
-    t = make_tenant(real_cluster, "psr", tmp_path)
-    yield t
-    drop_tenant(real_cluster, t)
-
-
 @pytest.mark.timeout(1500)
-def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image, tenant, tmp_path):
+def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image, tenants, tmp_path):  # noqa: F811
+    tenant = tenants("psr")
     ns = tenant.namespace
     start_notebook_pod(real_cluster, tenant)
     k = digits_kernel(tenant, job_image, tmp_path)
