@@ -9,8 +9,12 @@ from __future__ import annotations
 import collections
 import enum
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import events
+from .events import Event, LogEvent, MetricsEvent, ProgressEvent, SnapshotEvent, StateEvent, TaskEvent
 
 TERMINAL = ("succeeded", "failed", "stopped")
 METRICS_KEEP = 600  # ten minutes at 1 Hz
@@ -129,6 +133,7 @@ class JobView:
     logs: collections.deque = field(default_factory=lambda: collections.deque(maxlen=LOG_KEEP))
     error: dict[str, Any] | None = None
     spec: dict[str, Any] = field(default_factory=dict)
+    dropped: int = 0  # malformed events ignored (JobView.apply)
 
     @property
     def started_tasks(self) -> int:
@@ -142,46 +147,75 @@ class JobView:
     def finished(self) -> bool:
         return self.state in TERMINAL
 
-    def apply(self, ev: dict[str, Any]) -> None:
-        kind = ev.get("type")
-        if kind == "snapshot":
-            self.__dict__.update(JobView.from_dict(ev["view"]).__dict__)
-        elif kind == "state":
-            if self.finished and ev["state"] not in TERMINAL:
-                return  # a late event of a live state cannot revive a finished job
-            self.state = ev["state"]
-            self.message = ev.get("message", self.message)
-            if "error" in ev:
-                self.error = ev["error"]
-            if self.finished:
-                if self.ended is None:
-                    self.ended = ev.get("t", time.time())
-                self.reason = (Reason.parse(ev.get("reason")) or reason_for(self.state, self.error)).value
-                if not self.message:
-                    self.message = Reason(self.reason).sentence()
-                self._finalize_tasks()
-        elif kind == "task":
-            rec = self.tasks.setdefault(ev["task"], {"state": "pending", "restarts": 0, "gpus": []})
-            for k in ("state", "restarts", "gpus", "exit_code", "pid"):
-                if k in ev:
-                    rec[k] = ev[k]
+    def apply(self, ev: Event | Mapping[str, Any]) -> bool:
+        """Fold one event in; False when it was malformed and dropped.
+
+        Takes a record or its wire dict. The dict form is parsed here, at the one place every stream
+        meets (the local supervisor's socket, the Kubernetes pods and the agent relaying the coordinator,
+        through the backends' `watch()` and the kernel's portal), so no source can feed this reducer
+        anything unchecked, and a bad event costs neither the monitor nor the job: it is dropped, said
+        once in the log tail and counted in `dropped`.
+        """
+        if not isinstance(ev, events.EVENT_TYPES):
+            try:
+                ev = events.parse(ev)
+            except events.EventError as exc:
+                self._drop(exc)
+                return False
+        if isinstance(ev, SnapshotEvent):
+            dropped = self.dropped
+            self.__dict__.update(JobView.from_dict(ev.view).__dict__)
+            self.dropped = max(dropped, self.dropped)
+        elif isinstance(ev, StateEvent):
+            self._apply_state(ev)
+        elif isinstance(ev, TaskEvent):
+            rec = self.tasks.setdefault(str(ev.task), {"state": "pending", "restarts": 0, "gpus": []})
+            rec["state"] = ev.state
+            for k in ("restarts", "exit_code", "pid"):
+                if getattr(ev, k) is not None:
+                    rec[k] = getattr(ev, k)
+            if ev.gpus is not None:
+                rec["gpus"] = list(ev.gpus)
             if self.finished:
                 rec["state"] = final_task_state(self.state, rec.get("state", ""))
-        elif kind == "progress":
-            self.phase = ev.get("phase", self.phase)
-            if ev.get("epochs") is not None:
-                self.epochs = ev["epochs"]
-            if "epoch" in ev:
-                self.epoch = ev["epoch"]
-            if "step" in ev:
-                self.step = ev["step"]
-            if ev.get("logs") is not None:
-                self.epoch_logs.append({**ev["logs"], "epoch": ev.get("epoch"), "t": ev.get("t")})
-        elif kind == "metrics":
-            self.metrics.append({"t": ev["t"], "tasks": ev["tasks"]})
-        elif kind == "log":
-            for task, line in ev.get("lines", []):
-                self.logs.append((task, line))
+        elif isinstance(ev, ProgressEvent):
+            if ev.phase is not None:
+                self.phase = ev.phase
+            if ev.epochs is not None:
+                self.epochs = ev.epochs
+            if ev.epoch is not None:
+                self.epoch = ev.epoch
+            if ev.step is not None:
+                self.step = ev.step
+            if ev.logs is not None:
+                self.epoch_logs.append({**ev.logs, "epoch": ev.epoch, "t": ev.t})
+        elif isinstance(ev, MetricsEvent):
+            self.metrics.append({"t": ev.t, "tasks": ev.tasks_wire()})
+        elif isinstance(ev, LogEvent):
+            self.logs.extend(ev.lines)
+        return True
+
+    def _apply_state(self, ev: StateEvent) -> None:
+        if self.finished and ev.state not in TERMINAL:
+            return  # a late event of a live state cannot revive a finished job
+        self.state = ev.state
+        if ev.message is not None:
+            self.message = ev.message
+        if ev.error is not None:
+            self.error = ev.error.model_dump(mode="json")
+        if self.finished:
+            if self.ended is None:
+                self.ended = ev.t if ev.t is not None else time.time()
+            self.reason = (Reason.parse(ev.reason) or reason_for(self.state, self.error)).value
+            if not self.message:
+                self.message = Reason(self.reason).sentence()
+            self._finalize_tasks()
+
+    def _drop(self, exc: events.EventError) -> None:
+        """A malformed event: said once in the log tail (the monitor shows it), then only counted."""
+        self.dropped += 1
+        if self.dropped == 1:
+            self.logs.append(("tfdist", f"tfdist: ignored a malformed event ({exc}); later ones are counted"))
 
     def _finalize_tasks(self) -> None:
         for rec in self.tasks.values():

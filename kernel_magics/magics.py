@@ -23,6 +23,7 @@ from ..aio import Portal
 from ..backends import get_backend
 from ..backends.base import Backend, Launch
 from ..errors import JobFailed, NoSuchJob, TfdistError
+from ..events import LogEvent, StateEvent
 from ..gpus import visible_gpus
 from ..jobspec import JobSpec, default_ps, parse_memory, validate
 from ..jobview import JobView, Reason
@@ -248,7 +249,7 @@ class TfdistMagics(Magics):
             self._drain(view, self._events, timeout=5)  # the job's own last word, with its reason
             if not view.finished:
                 message = reason.sentence() if interrupted else f"{reason.sentence()}: {exc}"
-                view.apply({"type": "state", "state": "stopped", "reason": reason.value, "message": message})
+                view.apply(StateEvent(state="stopped", reason=reason.value, message=message[:65536]))
             self._refresh(monitor, view)
             self._leave_picture(handle, monitor, view)
             if interrupted:
@@ -271,7 +272,7 @@ class TfdistMagics(Magics):
             view = JobView(
                 name=name, user=current.user, backend=backend.name, total_tasks=current.total_tasks
             )
-            view.apply({"type": "snapshot", "view": current.to_dict()})
+            view.apply({"type": "snapshot", "view": current.to_dict()})  # parsed: dropped if malformed
             monitor = make_monitor(view)
             handle = display(monitor.widget, display_id=True) if hasattr(monitor, "widget") else None
             try:
@@ -335,7 +336,7 @@ class TfdistMagics(Magics):
                 async for ev in backend.watch(name):
                     events.put(ev)
             except Exception as exc:  # the stream broke: say so, the caller re-subscribes
-                events.put({"type": "log", "lines": [["tfdist", f"event stream interrupted: {exc!r}"]]})
+                events.put(LogEvent(lines=[("tfdist", f"event stream interrupted: {exc!r}"[:2000])]))
             finally:
                 events.put(None)
 

@@ -169,21 +169,25 @@ def test_monitor_names_its_job_in_a_css_class_and_legends_sit_under_the_charts()
 
 def test_job_supplied_values_are_escaped_in_the_task_table():
     v = JobView(name="j", total_tasks=2)
-    v.apply({"type": "task", "task": "worker-0", "state": "<b>odd</b>", "restarts": "<script>x</script>"})
+    v.apply({"type": "task", "task": "worker-0", "state": "<b>odd</b>"})
     v.apply({"type": "task", "task": "ps-0", "state": "running", "gpus": ["<img src=x>"]})
-    v.apply(
-        {
-            "type": "metrics",
-            "t": 1.0,
-            "tasks": {
-                "ps-0": {
-                    "cpu (%)": "<u>9</u>",
-                    "rss (MiB)": float("nan"),
-                    "gpus": [{"index": "<s>0</s>", "util (%)": 5.0, "mem_used (MiB)": "<x>"}],
-                }
-            },
-        }
-    )
+    hostile_metrics = {
+        "type": "metrics",
+        "t": 1.0,
+        "tasks": {
+            "ps-0": {
+                "cpu (%)": "<u>9</u>",
+                "rss (MiB)": float("nan"),
+                "gpus": [{"index": "<s>0</s>", "util (%)": 5.0, "mem_used (MiB)": "<x>"}],
+            }
+        },
+    }
+    # mistyped values never get in through an event (tfdist.events refuses them) ...
+    assert not v.apply({"type": "task", "task": "worker-0", "state": "x", "restarts": "<script>x</script>"})
+    assert not v.apply(hostile_metrics) and v.dropped == 2
+    # ... but a view read back from an older job's state.json is not checked: the table escapes anyway
+    v.tasks["worker-0"]["restarts"] = "<script>x</script>"
+    v.metrics.append({"t": 1.0, "tasks": hostile_metrics["tasks"]})
     out = tasks_html(v)
     for raw in ("<b>", "<script>", "<img", "<s>", "<u>", "<x>"):
         assert raw not in out, raw

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob, TfdistError
+from ..events import SnapshotEvent, StateEvent, parse, to_wire
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..procid import ProcessId
@@ -350,7 +351,7 @@ class LocalBackend(Backend):
         try:
             reader, writer = await self._request(name, "watch")
         except (FileNotFoundError, ConnectionRefusedError):
-            yield {"type": "snapshot", "view": (await self.status(name)).to_dict()}
+            yield to_wire(SnapshotEvent(view=(await self.status(name)).to_dict()))
             return
         try:
             async for line in reader:
@@ -415,8 +416,9 @@ class LocalBackend(Backend):
                 reader, writer = await self._request(name, "status")
                 line = await asyncio.wait_for(reader.readline(), 5)
                 writer.close()
-                if line:
-                    return JobView.from_dict(events.loads(line)["view"])
+                ev = parse(events.loads(line)) if line else None  # EventError: a ValueError
+                if isinstance(ev, SnapshotEvent):
+                    return JobView.from_dict(ev.view)
         return self._offline_view(name)
 
     def _offline_view(self, name: str) -> JobView:
@@ -454,7 +456,7 @@ class LocalBackend(Backend):
         if view.state not in ("succeeded", "failed", "stopped") and not launching:
             # died without a word: say so, and no task of it may look alive
             gone = "the job's supervisor is gone"
-            view.apply({"type": "state", "state": "failed", "message": gone, "reason": "lost"})
+            view.apply(StateEvent(state="failed", message=gone, reason="lost"))
         return view
 
     async def list_jobs(self) -> list[dict[str, Any]]:

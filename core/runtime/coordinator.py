@@ -14,7 +14,10 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tfdist.events import ProgressEvent
 
 CELL_FILENAME = "<tfdist cell>"
 # Steps done are read this often during a fit (one tiny read of a variable on the PS): the heartbeat that
@@ -28,15 +31,37 @@ class _Events:
         self._f = os.fdopen(int(fd), "wb", buffering=0) if fd else None
         self._lock = threading.Lock()  # the heartbeat thread sends too: one whole line at a time
 
-    def send(self, event: dict[str, Any]) -> None:
+    def send(self, event: ProgressEvent) -> None:
+        from tfdist.events import to_wire
         from tfdist.runtime.events import dumps
 
         with self._lock:
             if self._f is not None:
                 try:
-                    self._f.write(dumps(event))
+                    self._f.write(dumps(to_wire(event)))
                 except (BrokenPipeError, ValueError):
                     self._f = None
+
+
+def _progress(**fields: Any) -> ProgressEvent:
+    """A progress record (imported late: the coordinator's first lines run before anything heavy).
+    Never raises: Keras may hand numpy counts, and a user's odd metric name must not cost the fit."""
+    from tfdist.events import ProgressEvent
+
+    for k in ("epoch", "epochs", "step", "steps"):
+        if fields.get(k) is not None:
+            try:
+                fields[k] = int(fields[k])
+            except (TypeError, ValueError):
+                fields[k] = None
+    try:
+        return ProgressEvent(**fields)
+    except ValueError:
+        pass
+    try:
+        return ProgressEvent(**(fields | {"logs": None}))
+    except ValueError:
+        return ProgressEvent(phase=str(fields.get("phase") or "")[:200] or None)
 
 
 class _Heartbeat(threading.Thread):
@@ -57,7 +82,7 @@ class _Heartbeat(threading.Thread):
             self.recovery.on_step(step)
         if step != self.last:
             self.last = step
-            self.events.send({"type": "progress", "phase": "fit", "step": step, "t": time.time()})
+            self.events.send(_progress(phase="fit", step=step, t=time.time()))
 
     def run(self) -> None:
         while not self.done.wait(HEARTBEAT_S):
@@ -78,13 +103,12 @@ def _progress_callback(events: _Events, recovery: Any = None) -> Any:
             if recovery is not None:
                 recovery.mark_start(int(self.model._train_counter.numpy()))
             events.send(
-                {
-                    "type": "progress",
-                    "phase": "fit",
-                    "epoch": recovery.epoch if recovery is not None else 0,
-                    "step": 0,
-                    "epochs": self.params.get("epochs"),
-                }
+                _progress(
+                    phase="fit",
+                    epoch=recovery.epoch if recovery is not None else 0,
+                    step=0,
+                    epochs=self.params.get("epochs"),
+                )
             )
             self._beat = _Heartbeat(self.model, events, recovery)
             self._beat.start()
@@ -101,15 +125,14 @@ def _progress_callback(events: _Events, recovery: Any = None) -> Any:
             if recovery is not None:
                 recovery.on_epoch_end(epoch, {k: clean_number(v) for k, v in (logs or {}).items()})
             events.send(
-                {
-                    "type": "progress",
-                    "phase": "fit",
-                    "epoch": epoch + 1,
-                    "epochs": self.params.get("epochs"),
-                    "steps": self.params.get("steps"),
-                    "logs": {k: clean_number(v) for k, v in (logs or {}).items()},
-                    "t": time.time(),
-                }
+                _progress(
+                    phase="fit",
+                    epoch=epoch + 1,
+                    epochs=self.params.get("epochs"),
+                    steps=self.params.get("steps"),
+                    logs={k: clean_number(v) for k, v in (logs or {}).items()},
+                    t=time.time(),
+                )
             )
 
     return TfdistProgress
@@ -175,7 +198,7 @@ def run(jobdir: str) -> int:
     os.environ["_TFDIST_CELL_SOURCE"] = padded
     try:
         code = compile(padded, CELL_FILENAME, "exec")
-        events.send({"type": "progress", "phase": "connecting"})
+        events.send(_progress(phase="connecting"))
         import cloudpickle
 
         from tfdist.runtime import strategy as strategies
@@ -184,7 +207,7 @@ def run(jobdir: str) -> int:
         custom = cloudpickle.loads(bundle.custom_objects) if bundle.custom_objects else {}
         namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         namespace.update(custom)
-        events.send({"type": "progress", "phase": "loading"})
+        events.send(_progress(phase="loading"))
         models: dict[str, Any] = {}
         with strategy.scope():
             for name, (kind, data) in bundle.entries.items():
@@ -196,13 +219,13 @@ def run(jobdir: str) -> int:
 
         saved = psrecovery.settings()
         _install_progress(events, psrecovery.Recovery(*saved) if saved else None)
-        events.send({"type": "progress", "phase": "running"})
+        events.send(_progress(phase="running"))
         with strategy.scope():
             exec(code, namespace)
         if not strategies.speaks_for_job():  # an all-reduce worker: chief-0 returns the results
             return 0
         binds = payload.cell_names(padded).binds
-        events.send({"type": "progress", "phase": "returning"})
+        events.send(_progress(phase="returning"))
         blob = payload.pack_results(namespace, binds, models)
         tmp = os.path.join(jobdir, "result.bin.tmp")
         with open(tmp, "wb") as f:

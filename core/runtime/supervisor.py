@@ -24,6 +24,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfdist import memfit, taskenv, tf_config
+from tfdist.events import (
+    ErrorInfo,
+    Event,
+    LogEvent,
+    MetricsEvent,
+    ProgressEvent,
+    SnapshotEvent,
+    StateEvent,
+    TaskEvent,
+    parse,
+    to_wire,
+)
 from tfdist.jobspec import JobSpec, split_gpus
 from tfdist.jobview import JobView, Reason, final_task_state, reason_for
 from tfdist.procid import ProcessId
@@ -77,6 +89,19 @@ def _ended(task: Task, code: int | None) -> str:
     if code == -signal.SIGKILL:
         return "was killed (SIGKILL: most often the server's memory limit)"
     return f"exited with code {code}"
+
+
+def _error_info(error: dict[str, Any] | None) -> ErrorInfo | None:
+    """The job's error as a record; one that cannot be one (a broken error.json) still ends the job."""
+    if not error:
+        return None
+    try:
+        return ErrorInfo.model_validate(error)
+    except ValueError:
+        text = {k: str(error.get(k) or "")[:65536] for k in ("type", "message", "traceback")}
+        return ErrorInfo(
+            type=text["type"][:200] or "Error", message=text["message"], traceback=text["traceback"]
+        )
 
 
 def allocate_ports(n: int, base: int | None) -> list[int]:
@@ -136,9 +161,12 @@ class Supervisor:
         self.pool: Any = None  # a runtime.warmpool.WarmPool when this supervisor was started warm
 
     # ------------------------------------------------------------------ events
-    def emit(self, ev: dict[str, Any]) -> None:
+    def emit(self, ev: Event | dict[str, Any]) -> None:
+        """Fold a record into the job's view, send it to every watcher, and keep state.json current.
+        A wire dict (runtime.psrestart still builds those) is read as a record first."""
+        ev = parse(ev)
         self.view.apply(ev)
-        data = events.dumps(ev)
+        data = events.dumps(to_wire(ev))
         for w in list(self.watchers):
             try:
                 if w.transport.get_write_buffer_size() > WATCHER_BUFFER_MAX:  # a stalled reader
@@ -148,7 +176,7 @@ class Supervisor:
                 w.write(data)
             except Exception:
                 self.watchers.discard(w)
-        if ev["type"] == "state":
+        if isinstance(ev, StateEvent):
             self._write_state()
 
     def _write_state(self) -> None:
@@ -178,7 +206,7 @@ class Supervisor:
                 code = code if code in (Reason.INTERRUPTED, Reason.STOPPED) else Reason.STOPPED
                 self.request_stop(code.sentence(), code)
                 return
-            writer.write(events.dumps({"type": "snapshot", "view": self.view.to_dict()}))
+            writer.write(events.dumps(to_wire(SnapshotEvent(view=self.view.to_dict()))))
             await writer.drain()
             if op == "watch" and not self.view.finished:
                 self.watchers.add(writer)
@@ -214,14 +242,9 @@ class Supervisor:
         task.reader = asyncio.ensure_future(self._read_log(task, task.proc))
         self.sampler.track(TaskProcess(task.name, task.proc.pid, [int(g) for g in task.gpus if g.isdigit()]))
         self.emit(
-            {
-                "type": "task",
-                "task": task.name,
-                "state": "starting",
-                "pid": task.proc.pid,
-                "restarts": task.restarts,
-                "gpus": task.gpus,
-            }
+            TaskEvent(
+                task=task.name, state="starting", pid=task.proc.pid, restarts=task.restarts, gpus=task.gpus
+            )
         )
 
     async def _read_log(self, task: Task, proc: asyncio.subprocess.Process) -> None:
@@ -263,7 +286,7 @@ class Supervisor:
             try:
                 _, w = await asyncio.open_connection("127.0.0.1", task.port)
                 w.close()
-                self.emit({"type": "task", "task": task.name, "state": "running"})
+                self.emit(TaskEvent(task=task.name, state="running"))
                 return
             except OSError:
                 pass
@@ -307,7 +330,7 @@ class Supervisor:
             if name == "chief-0":
                 env |= self.recovery.coordinator_env()
             self.tasks[name] = Task(name=name, port=port, env=env, gpus=gpus)
-            self.emit({"type": "task", "task": name, "state": "pending", "gpus": gpus})
+            self.emit(TaskEvent(task=name, state="pending", gpus=gpus))
 
     # ------------------------------------------------------------------ lifecycle
     def request_stop(self, reason: str, code: Reason = Reason.STOPPED) -> None:
@@ -320,14 +343,18 @@ class Supervisor:
             await asyncio.sleep(TICK_S)
             if self.pending_logs:
                 lines, self.pending_logs = self.pending_logs, []
-                self.emit({"type": "log", "lines": lines})
-            sample = self.sampler.sample()
+                self.emit(LogEvent(lines=lines))
+            # the sampler's dict is the wire form (the pods post it as is): read back as a record
+            try:
+                sample = MetricsEvent.model_validate(self.sampler.sample())
+            except ValueError:  # an unreadable sample is skipped, never the ticker
+                continue
             self.emit(sample)
             self._enforce_memory(sample)
 
-    def _enforce_memory(self, sample: dict[str, Any]) -> None:
-        for name, rec in sample["tasks"].items():
-            rss = rec.get("rss (MiB)")
+    def _enforce_memory(self, sample: MetricsEvent) -> None:
+        for name, rec in sample.tasks.items():
+            rss = rec.rss
             if rss is not None:
                 role = tf_config.split_task(name)[0]
                 self.peaks_mib[role] = max(self.peaks_mib.get(role, 0.0), float(rss))
@@ -335,8 +362,8 @@ class Supervisor:
         limit = self.spec.memory_bytes
         if not limit:
             return
-        for name, rec in sample["tasks"].items():
-            rss = rec.get("rss (MiB)")
+        for name, rec in sample.tasks.items():
+            rss = rec.rss
             task = self.tasks.get(name)
             if (
                 rss is not None
@@ -405,18 +432,12 @@ class Supervisor:
                         )
                     )
                     self.emit(
-                        {
-                            "type": "task",
-                            "task": task.name,
-                            "state": "restarting",
-                            "exit_code": code,
-                            "restarts": task.restarts,
-                        }
+                        TaskEvent(task=task.name, state="restarting", exit_code=code, restarts=task.restarts)
                     )
                     task.killed_for = None
                     await self._spawn(task, "tfdist.runtime.task")
                 else:
-                    self.emit({"type": "task", "task": task.name, "state": "failed", "exit_code": code})
+                    self.emit(TaskEvent(task=task.name, state="failed", exit_code=code))
                     task.proc = None
                     if TaskId.parse(task.name).role == "ps":
                         why = (
@@ -432,9 +453,9 @@ class Supervisor:
         (MWMS cannot take one worker back mid-step), so the job ends with that worker named."""
         task.proc = None
         if code == 0:
-            self.emit({"type": "task", "task": task.name, "state": "exited-ok", "exit_code": 0})
+            self.emit(TaskEvent(task=task.name, state="exited-ok", exit_code=0))
             return
-        self.emit({"type": "task", "task": task.name, "state": "failed", "exit_code": code})
+        self.emit(TaskEvent(task=task.name, state="failed", exit_code=code))
         self.failure = allreduce.worker_failure(self.jobdir, task.name, _ended(task, code))
         self.pending_logs.append((task.name, "tfdist: " + self.failure["message"]))
         self.request_stop(self.failure["message"])
@@ -444,9 +465,9 @@ class Supervisor:
         reader = asyncio.StreamReader()
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb"))
         async for line in reader:
-            with contextlib.suppress(ValueError):
-                ev = events.loads(line)
-                if ev.get("type") == "progress":
+            with contextlib.suppress(ValueError):  # EventError included: a malformed line is dropped
+                ev = parse(events.loads(line))
+                if isinstance(ev, ProgressEvent):  # the coordinator reports progress, nothing else
                     self.emit(ev)
 
     async def run(self) -> int:
@@ -467,7 +488,7 @@ class Supervisor:
         os.chmod(sock_path, 0o600)
         detached = bool(self.spec.extra.get("detach"))  # no kernel holds it: no lifeline to watch
         bg = [asyncio.ensure_future(c) for c in ([] if detached else [self._lifeline()]) + [self._ticker()]]
-        self.emit({"type": "state", "state": "starting", "message": "starting tasks"})
+        self.emit(StateEvent(state="starting", message="starting tasks"))
         outcome: tuple[str, str, dict | None]
         try:
             outcome = await self._run_job()
@@ -491,17 +512,21 @@ class Supervisor:
         await self._teardown(outcome[0])
         if self.pending_logs:
             lines, self.pending_logs = self.pending_logs, []
-            self.emit({"type": "log", "lines": lines})
+            self.emit(LogEvent(lines=lines))
         state, message, error = outcome
         if state == "succeeded":
             memfit.save_footprint(os.path.dirname(os.path.abspath(self.jobdir)), self.peaks_mib)
         with contextlib.suppress(FileNotFoundError):  # the model and data: may be hundreds of MB
             os.unlink(os.path.join(self.jobdir, "payload.bin"))
-        ev: dict[str, Any] = {"type": "state", "state": state, "message": message, "t": time.time()}
-        ev["reason"] = reason_for(state, error, self.stop_code).value
-        if error:
-            ev["error"] = error
-        self.emit(ev)
+        self.emit(
+            StateEvent(
+                state=state,  # type: ignore[arg-type]
+                message=message,
+                t=time.time(),
+                reason=reason_for(state, error, self.stop_code).value,
+                error=_error_info(error),
+            )
+        )
         for w in list(self.watchers):
             with contextlib.suppress(Exception):
                 await w.drain()
@@ -538,8 +563,8 @@ class Supervisor:
             return ("stopped", self.stop_reason or "stopped", None)
         if starting in done:
             starting.result()  # raises StartupError
-            self.emit({"type": "task", "task": "chief-0", "state": "running"})
-            self.emit({"type": "state", "state": "running", "message": "training"})
+            self.emit(TaskEvent(task="chief-0", state="running"))
+            self.emit(StateEvent(state="running", message="training"))
             watcher = asyncio.ensure_future(self._watch_servers())
             while True:
                 done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -559,12 +584,11 @@ class Supervisor:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(chief.reader, 2)
         self.emit(
-            {
-                "type": "task",
-                "task": "chief-0",
-                "state": "exited-ok" if chief.proc.returncode == 0 else "failed",
-                "exit_code": chief.proc.returncode,
-            }
+            TaskEvent(
+                task="chief-0",
+                state="exited-ok" if chief.proc.returncode == 0 else "failed",
+                exit_code=chief.proc.returncode,
+            )
         )
         code = chief.proc.returncode
         out = coordinator_outcome(self.jobdir, code, _ended(chief, code))
@@ -590,7 +614,7 @@ class Supervisor:
             if t.log is not None:
                 t.log.close()
         for t in alive:  # ended by us: "exited" after a success, "stopped" otherwise (never "running")
-            self.emit({"type": "task", "task": t.name, "state": final_task_state(state, "running")})
+            self.emit(TaskEvent(task=t.name, state=final_task_state(state, "running")))
 
 
 async def serve(jobdir: str, pool: Any = None) -> int:

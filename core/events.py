@@ -1,0 +1,263 @@
+"""A job's events as small typed records, shared by every producer (the supervisor, the coordinator, the
+pod runtime, the Kubernetes state derivation, the backends) and the one consumer that folds them
+(`tfdist.jobview.JobView`, read by the cell's monitor, `%tfdist status` and the lab panel).
+
+On the wire an event stays what it always was: one JSON object with a "type" key
+(`tfdist.runtime.events.dumps`/`loads`), so pods of an older image and the coordinator agent, which relays
+lines it does not read, keep working. `to_wire(ev)` gives that object; `parse(d)` is the way back and the
+only one: events cross process and network boundaries (a pod may be broken or hostile), so `parse`
+refuses anything malformed with one `EventError` (missing or mistyped fields, an unknown type, NaN or
+infinite numbers, strings or lists beyond generous bounds) instead of letting a KeyError reach the kernel.
+Unknown extra keys are ignored: a newer producer may say more than this reader knows.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    ValidationError,
+    model_serializer,
+)
+
+from .tf_config import TaskId
+
+# Bounds far above anything tfdist writes (log lines are cut at 2,000 characters, tracebacks are a few
+# KiB): only a broken or hostile producer reaches them.
+NAME_MAX = 256  # states, phases, reasons, error types, task names, metric names
+TEXT_MAX = 2**20  # a message (a cell's exception text may be long)
+TRACEBACK_MAX = 4 * 2**20
+LINE_MAX = 64 * 2**10  # one log line
+LINES_MAX = 10_000  # log lines in one event
+TASKS_MAX = 4096  # tasks in one metrics sample
+GPUS_MAX = 64  # GPUs of one task
+KEYS_MAX = 256  # metrics of one epoch
+
+JOB_STATES = ("pending", "starting", "running", "succeeded", "failed", "stopped")
+JobState = Literal["pending", "starting", "running", "succeeded", "failed", "stopped"]
+
+Name = Annotated[str, StringConstraints(strict=True, max_length=NAME_MAX)]
+Text = Annotated[str, StringConstraints(strict=True, max_length=TEXT_MAX)]
+Line = Annotated[str, StringConstraints(strict=True, max_length=LINE_MAX)]
+Count = Annotated[StrictInt, Field(ge=0)]
+Num = StrictInt | StrictFloat  # finite: every model refuses NaN and infinities (allow_inf_nan=False)
+Time = Annotated[StrictFloat, Field(ge=0)]
+
+
+def _task_id(value: Any) -> TaskId:
+    if isinstance(value, TaskId):
+        return value
+    if not isinstance(value, str) or len(value) > NAME_MAX:
+        raise ValueError("a task is named by a string such as worker-0")
+    return TaskId.parse(value)
+
+
+def _task_name(value: str) -> str:
+    TaskId.parse(value)  # raises ValueError: not chief-0, worker-N, ps-N
+    return value
+
+
+Task = Annotated[TaskId, PlainValidator(_task_id), PlainSerializer(str, return_type=str)]
+TaskName = Annotated[Name, AfterValidator(_task_name)]  # a task, kept as its text (dict keys, JobView)
+
+_STRICT = ConfigDict(frozen=True, allow_inf_nan=False, extra="ignore")
+
+
+class EventError(ValueError):
+    """An event that cannot be read: what was wrong, in one line (never the offending value itself)."""
+
+
+class _Record(BaseModel):
+    """A record whose unset (None) fields are left off the wire, as the dict producers always did."""
+
+    model_config = _STRICT
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ErrorInfo(_Record):
+    """Why a job failed: the error type, its message and the cell's traceback (`Reason` when known)."""
+
+    type: Name = ""
+    message: Text = ""
+    traceback: Annotated[str, StringConstraints(strict=True, max_length=TRACEBACK_MAX)] = ""
+    reason: Name | None = None
+
+
+class GpuSample(BaseModel):
+    """One GPU of a task, as the sampler reads it from NVML (None: not readable)."""
+
+    model_config = _STRICT
+    index: StrictInt
+    util: Num | None = Field(None, alias="util (%)")
+    mem_used: Num | None = Field(None, alias="mem_used (MiB)")
+    mem_total: Num | None = Field(None, alias="mem_total (MiB)")
+
+
+class TaskSample(BaseModel):
+    """One task's CPU, memory and GPUs in one metrics sample (None: not readable)."""
+
+    model_config = _STRICT
+    cpu: Num | None = Field(None, alias="cpu (%)")
+    rss: Num | None = Field(None, alias="rss (MiB)")
+    gpus: Annotated[tuple[GpuSample, ...], Field(max_length=GPUS_MAX)] = ()
+
+
+class StateEvent(_Record):
+    """The job's state changed; a terminal one carries its `reason` (a `jobview.Reason` value) and error."""
+
+    type: Literal["state"] = "state"
+    state: JobState
+    message: Text | None = None  # None: keep the message shown so far
+    t: Time | None = None
+    reason: Name | None = None
+    error: ErrorInfo | None = None
+
+
+class TaskEvent(_Record):
+    """One task's state (pending, starting, running, restarting, exited-ok, failed, ...)."""
+
+    type: Literal["task"] = "task"
+    task: Task
+    state: Name
+    pid: Count | None = None
+    restarts: Count | None = None
+    gpus: Annotated[tuple[Name, ...], Field(max_length=GPUS_MAX)] | None = None
+    exit_code: StrictInt | None = None
+    node: Name | None = None  # the Kubernetes node of the task's pod
+
+
+class ProgressEvent(_Record):
+    """The coordinator's progress: a phase, the fit's epoch and step, and a finished epoch's logs."""
+
+    type: Literal["progress"] = "progress"
+    phase: Name | None = None
+    epoch: Count | None = None
+    epochs: Count | None = None
+    step: Count | None = None
+    steps: Count | None = None
+    logs: Annotated[dict[Name, Num | None], Field(max_length=KEYS_MAX)] | None = None
+    t: Time | None = None
+
+
+class MetricsEvent(_Record):
+    """One sample of every task's CPU, memory and GPUs."""
+
+    type: Literal["metrics"] = "metrics"
+    t: Time
+    tasks: Annotated[dict[TaskName, TaskSample], Field(max_length=TASKS_MAX)]
+
+    def tasks_wire(self) -> dict[str, dict[str, Any]]:
+        """The samples as the monitor and state.json keep them (the wire's keys, "cpu (%)" ...)."""
+        return {name: s.model_dump(mode="json", by_alias=True) for name, s in self.tasks.items()}
+
+
+class LogEvent(_Record):
+    """Log lines, each (task, line); the task may also be "tfdist" (tfdist's own words)."""
+
+    type: Literal["log"] = "log"
+    lines: Annotated[tuple[tuple[Name, Line], ...], Field(max_length=LINES_MAX)]
+
+
+class _Metrics(BaseModel):
+    model_config = _STRICT
+    t: Time
+    tasks: Annotated[dict[TaskName, TaskSample], Field(max_length=TASKS_MAX)]
+
+
+class _TaskRecord(BaseModel):
+    model_config = _STRICT
+    state: Name = ""
+    restarts: Count = 0
+    gpus: Annotated[tuple[Name, ...], Field(max_length=GPUS_MAX)] = ()
+    exit_code: StrictInt | None = None
+    pid: Count | None = None
+
+
+class _ViewShape(BaseModel):
+    """What a snapshot's view must look like for `JobView.from_dict` and the monitor to use it safely."""
+
+    model_config = _STRICT
+    name: Name = ""
+    user: Name = ""
+    backend: Name = ""
+    state: JobState = "pending"
+    message: Text = ""
+    reason: Name = ""
+    created: Time = 0.0
+    ended: Time | None = None
+    total_tasks: Count = 0
+    tasks: Annotated[dict[TaskName, _TaskRecord], Field(max_length=TASKS_MAX)] = {}
+    phase: Name = ""
+    epoch: Count = 0
+    epochs: Count | None = None
+    step: Count = 0
+    epoch_logs: list[Annotated[dict[Name, Num | None], Field(max_length=KEYS_MAX + 2)]] = []
+    metrics: list[_Metrics] = []
+    logs: list[tuple[Name, Line]] = []
+    error: ErrorInfo | None = None
+    spec: dict[Name, Any] = {}
+    dropped: Count = 0
+
+
+def _view(value: dict[str, Any]) -> dict[str, Any]:
+    _ViewShape.model_validate(value)  # checked, then kept as sent: the snapshot is JobView.to_dict()
+    return value
+
+
+class SnapshotEvent(_Record):
+    """A whole `JobView` (its `to_dict()`): what a late subscriber starts from."""
+
+    type: Literal["snapshot"] = "snapshot"
+    view: Annotated[dict[str, Any], AfterValidator(_view)]
+
+
+Event = StateEvent | TaskEvent | ProgressEvent | MetricsEvent | LogEvent | SnapshotEvent
+EVENT_TYPES = (StateEvent, TaskEvent, ProgressEvent, MetricsEvent, LogEvent, SnapshotEvent)
+_BY_TYPE: dict[str, type[BaseModel]] = {cls.model_fields["type"].default: cls for cls in EVENT_TYPES}
+
+
+def to_wire(ev: Event) -> dict[str, Any]:
+    """The event as its JSON object (for `tfdist.runtime.events.dumps`)."""
+    return ev.model_dump(mode="json", by_alias=True)
+
+
+def parse(data: Any) -> Event:
+    """The record of one wire event (a records passes through); `EventError` when it is malformed."""
+    if isinstance(data, EVENT_TYPES):
+        return data
+    if not isinstance(data, dict):
+        raise EventError(f"an event is a JSON object, not {type(data).__name__}")
+    kind = data.get("type")
+    cls = _BY_TYPE.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        shown = repr(kind)[:40] if isinstance(kind, str) else type(kind).__name__
+        raise EventError(f"unknown event type {shown} (known: {', '.join(_BY_TYPE)})")
+    try:
+        return cls.model_validate(data)  # type: ignore[return-value]
+    except ValidationError as exc:
+        raise EventError(f"malformed {kind} event: {_describe(exc)}") from None
+    except RecursionError:
+        raise EventError(f"malformed {kind} event: nested too deeply") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    """The first few problems, each as `field.path: what is wrong`, bounded (a key may be huge)."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False)[:3]:
+        where = ".".join(str(p) if len(str(p)) <= 40 else f"<{len(str(p))} characters>" for p in err["loc"])
+        where = where or "event"
+        parts.append(f"{where}: {err['msg'][:160]}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
