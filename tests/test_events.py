@@ -336,3 +336,28 @@ def test_records_are_frozen_and_build_checked() -> None:
         TaskEvent(task="gpu-0", state="running")
     assert set(ev.JOB_STATES) == {"pending", "starting", "running", "succeeded", "failed", "stopped"}
     assert os.path.basename(ev.__file__) == "events.py"
+
+
+def test_pod_derived_events_are_records_whatever_the_cluster_says() -> None:
+    """kube.status builds records from pods: a huge status message is cut, a pod naming no task is skipped,
+    and every event it yields parses back."""
+    from tfdist.kube import manifests as mf
+    from tfdist.kube import status as st
+
+    def pod(role: str, index: str, message: str) -> dict:
+        labels = {mf.L_ROLE: role, mf.L_INDEX: index}
+        return {
+            "metadata": {"name": f"p-{role}", "labels": labels},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Failed", "reason": message},
+        }
+
+    tasks: st.TaskStates = {}
+    out = st.task_events([pod("ps", "0", HUGE), pod("evil", "0", "x"), pod("worker", "1", "Error")], tasks)
+    recs = [parse(d) for d in out]
+    assert {str(r.task) for r in recs if isinstance(r, TaskEvent)} == {"ps-0", "worker-1"}
+    assert "evil-0" not in tasks and all(len(wire.dumps(d)) < 10_000 for d in out)
+    done = st.outcome(tasks)
+    assert isinstance(parse(done), StateEvent) and done["error"]["type"] == "PodFailed"
+    v = st.view("j", None, [pod("chief", "0", "DeadlineExceeded")], None, time.time())
+    assert v.state == "failed" and v.dropped == 0

@@ -9,11 +9,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..events import ErrorInfo, Event, LogEvent, StateEvent, TaskEvent, to_wire
 from ..jobspec import JobSpec
 from ..jobview import JobView, Reason
+from ..tf_config import TaskId
 from . import manifests as mf
 
 TaskStates = dict[str, tuple[str, str]]  # task -> (state, message)
+TEXT_MAX = 4096  # of the cluster's words kept in an event (a pod's status message, a Job's condition)
+
+
+def _text(value: Any) -> str:
+    return str(value)[:TEXT_MAX]
 
 
 def pod_task(pod: dict[str, Any]) -> str | None:
@@ -68,23 +75,25 @@ def newest_per_task(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def task_events(pods: list[dict[str, Any]], tasks: TaskStates) -> list[dict[str, Any]]:
-    """Events for the task states that changed; `tasks` is updated in place."""
-    out = []
+    """Events (wire dicts, as `watch()` yields them) for the task states that changed; `tasks` is updated
+    in place. A pod whose labels name no task (chief-0, worker-N, ps-N) is not one of the job's tasks."""
+    out: list[Event] = []
     for pod in pods:
         task = pod_task(pod)
-        if not task:
+        try:
+            TaskId.parse(task or "")
+        except ValueError:
             continue
         st = pod_task_state(pod)
         if tasks.get(task) == st:
             continue
         tasks[task] = st
-        out.append(
-            {"type": "task", "task": task, "state": st[0], "node": (pod.get("spec") or {}).get("nodeName")}
-        )
+        node = (pod.get("spec") or {}).get("nodeName")
+        out.append(TaskEvent(task=task, state=_text(st[0])[:200], node=_text(node)[:200] if node else None))
         if st[1] and st[0] in ("unschedulable", "image-error", "failed"):
-            out.append({"type": "state", "state": "starting", "message": f"{task}: {st[1]}"})
-            out.append({"type": "log", "lines": [[task, st[1]]]})
-    return out
+            out.append(StateEvent(state="starting", message=_text(f"{task}: {st[1]}")))
+            out.append(LogEvent(lines=[(task, _text(st[1]))]))
+    return [to_wire(ev) for ev in out]
 
 
 def servers_running(tasks: TaskStates, expected: int | None = None) -> bool:
@@ -99,7 +108,7 @@ def outcome(tasks: TaskStates, strategy: str = "ps") -> dict[str, Any] | None:
     failed worker ends the job: the other replicas cannot finish a step without it (no replacement)."""
     chief = tasks.get("chief-0")
     if chief and chief[0] == "exited-ok":
-        return {"type": "state", "state": "succeeded", "message": "finished", "t": time.time()}
+        return _final("succeeded", "finished")
     failed = {
         t: m
         for t, (s, m) in tasks.items()
@@ -111,29 +120,16 @@ def outcome(tasks: TaskStates, strategy: str = "ps") -> dict[str, Any] | None:
             f"all-reduce worker {lost[0]} failed ({failed[lost[0]]}); the other workers cannot finish a "
             "step without it (its log says why)"
         )
-        return {
-            "type": "state",
-            "state": "failed",
-            "message": why,
-            "t": time.time(),
-            "error": {
-                "type": "WorkerLost",
-                "message": why,
-                "traceback": "",
-                "reason": Reason.TASK_FAILED.value,
-            },
-        }
+        return _final(
+            "failed", why, ErrorInfo(type="WorkerLost", message=_text(why), reason=Reason.TASK_FAILED.value)
+        )
     if failed or (chief and chief[0] == "failed"):
         why = "; ".join(f"{t}: {m}" for t, m in sorted(failed.items()))
         if chief and chief[1] == "DeadlineExceeded":
             why = "the notebook's kernel stopped renewing the job's lifeline; the cluster ended it"
-        return {
-            "type": "state",
-            "state": "failed",
-            "message": why or "the coordinator failed",
-            "t": time.time(),
-            "error": {"type": "PodFailed", "message": why, "traceback": ""},
-        }
+        return _final(
+            "failed", why or "the coordinator failed", ErrorInfo(type="PodFailed", message=_text(why))
+        )
     return None
 
 
@@ -143,19 +139,19 @@ def root_outcome(root: dict[str, Any] | None) -> dict[str, Any] | None:
         if c.get("status") != "True":
             continue
         if c.get("type") == "Complete":
-            return {"type": "state", "state": "succeeded", "message": "finished", "t": time.time()}
+            return _final("succeeded", "finished")
         if c.get("type") == "Failed":
             why = c.get("message") or c.get("reason") or "failed"
             if c.get("reason") == "DeadlineExceeded":
                 why = "the notebook's kernel stopped renewing the job's lifeline; the cluster ended it"
-            return {
-                "type": "state",
-                "state": "failed",
-                "message": why,
-                "t": time.time(),
-                "error": {"type": c.get("reason") or "JobFailed", "message": why, "traceback": ""},
-            }
+            kind = _text(c.get("reason") or "JobFailed")[:200]
+            return _final("failed", why, ErrorInfo(type=kind, message=_text(why)))
     return None
+
+
+def _final(state: str, message: str, error: ErrorInfo | None = None) -> dict[str, Any]:
+    """A final state event as `watch()` yields it (a wire dict)."""
+    return to_wire(StateEvent(state=state, message=_text(message), t=time.time(), error=error))  # type: ignore[arg-type]
 
 
 def view(
