@@ -5,11 +5,13 @@ Service, a NetworkPolicy and a token Secret (tfdist.kube.manifests). Worker rest
 clean-up are the Job controller's, the TTL controller's and the garbage collector's, whether or not a
 kernel is watching. `submit` creates everything all-or-nothing (the root is created suspended, so a
 refusal leaves no pod), then hands the payload to the coordinator's agent once, in the background, and —
-unless the job is detached — keeps the lifeline: the root's `activeDeadlineSeconds`, kept LIFELINE_GRACE_S
-ahead of now while this process lives. `watch` and `status` only read, through one derivation
-(tfdist.kube.status). The pods followed are the ones whose controlling Job this backend created (by UID),
-never pods that merely carry the job's labels; only the root Job's own pod gets the payload, and the
-channel to it is signed both ways (tfdist.kube.signing).
+unless the job is detached — keeps the lifeline (tfdist.kube.lifeline). `watch` and `status` only read,
+through one derivation (tfdist.kube.status). The pods followed are the ones whose controlling Job this
+backend created (by UID), never pods that merely carry the job's labels; only the root Job's own pod gets
+the payload, and the channel to it is signed both ways (tfdist.kube.signing, tfdist.kube.transport).
+
+This module holds the job logic; the API calls are tfdist.kube.cluster's, the pod watch
+tfdist.kube.podwatch's.
 """
 
 from __future__ import annotations
@@ -18,50 +20,30 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..errors import BackendUnavailable, JobSpecError, NoSuchJob, TfdistError
+from ..errors import JobSpecError, NoSuchJob, TfdistError
 from ..jobspec import JobSpec
 from ..jobview import TERMINAL, JobView
+from ..kube import lifeline, records, transport
 from ..kube import manifests as mf
-from ..kube import records
 from ..kube import status as st
 from ..kube.agent_client import AgentClient
-from ..kube.api_errors import quantity, translate
+from ..kube.api_errors import translate
+from ..kube.cluster import KubeApi, controller_uid, current_namespace, job_resources, quota_shortfall
+from ..kube.podwatch import PodWatch
 from ..settings import Settings
 from .base import Backend, Launch
 
-SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-WATCH_TIMEOUT_S = 300  # server-side watch timeout; the loop re-opens it from the last resourceVersion
-LIFELINE_GRACE_S = 60  # a kernel gone this long: the cluster ends its attached jobs
-LIFELINE_RENEW_S = 20.0
 DETACHED_RESULT_WAIT_S = (
     24 * 3600.0
 )  # default retention of a detached job's results (TFDIST_RESULT_RETENTION_S)
-AGENT_GRACE_S = 30.0
 # a job refused for quota that this user's ending jobs still hold waits this long for them to let go
 QUOTA_RELEASE_WAIT_S = 90.0
-
-
-def current_namespace(settings: Settings) -> str:
-    if settings.namespace:
-        return settings.namespace
-    with contextlib.suppress(OSError):
-        with open(SA_NAMESPACE_FILE) as f:
-            return f.read().strip()
-    return "default"
-
-
-def controller_uid(obj: dict[str, Any]) -> str | None:
-    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return ref.get("uid")
-    return None
 
 
 @dataclasses.dataclass
@@ -85,9 +67,8 @@ class KubernetesBackend(Backend):
 
     def __init__(self, settings: Settings, kubeconfig: str | None = None):
         self.settings = settings
-        self.namespace = current_namespace(settings)
-        self.kubeconfig = kubeconfig or os.environ.get("KUBECONFIG")
-        self._api: Any = None
+        self.namespace = current_namespace(settings.namespace)
+        self.kube = KubeApi(kubeconfig or os.environ.get("KUBECONFIG"))
         self._jobs: dict[str, _Job] = {}
         self._ended: set[str] = set()  # jobs this backend stopped or took the results of
         self.node_selector: dict[str, str] | None = settings.gpu_node_selector
@@ -97,86 +78,14 @@ class KubernetesBackend(Backend):
         self.notebook_labels: dict[str, str] | None = (
             mf.notebook_pod_labels(settings.user) if settings.pod_name else None
         )
-        self.lifeline_grace_s = LIFELINE_GRACE_S
-        self.lifeline_renew_s = LIFELINE_RENEW_S
-
-    # ------------------------------------------------------------------ API plumbing
-    async def api(self) -> Any:
-        if self._api is None:
-            from kubernetes_asyncio import client, config
-
-            cfg = client.Configuration()
-            if os.path.exists(SA_NAMESPACE_FILE) and not self.kubeconfig:
-                config.load_incluster_config(client_configuration=cfg)
-            else:
-                await config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
-            self._api = client.ApiClient(cfg)
-        return self._api
-
-    async def _core(self) -> Any:
-        from kubernetes_asyncio import client
-
-        return client.CoreV1Api(await self.api())
-
-    async def _batch(self) -> Any:
-        from kubernetes_asyncio import client
-
-        return client.BatchV1Api(await self.api())
-
-    async def _dict(self, obj: Any) -> dict[str, Any]:
-        return (await self.api()).sanitize_for_serialization(obj)
-
-    async def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        from kubernetes_asyncio import client
-
-        api = await self.api()
-        ns, kind = obj["metadata"]["namespace"], obj["kind"]
-        core = client.CoreV1Api(api)
-        create = {
-            "Job": client.BatchV1Api(api).create_namespaced_job,
-            "NetworkPolicy": client.NetworkingV1Api(api).create_namespaced_network_policy,
-            "Service": core.create_namespaced_service,
-            "Secret": core.create_namespaced_secret,
-        }[kind]
-        return await self._dict(await create(ns, obj))
-
-    async def _delete(self, kind: str, name: str, ns: str) -> bool:
-        """Delete one object by name (Jobs with their pods, in the background); False if it was gone."""
-        from kubernetes_asyncio import client
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        api = await self.api()
-        core = client.CoreV1Api(api)
-        body = {"propagationPolicy": "Background", "gracePeriodSeconds": 0}
-        delete = {
-            "Job": lambda: client.BatchV1Api(api).delete_namespaced_job(name, ns, body=body),
-            "NetworkPolicy": lambda: client.NetworkingV1Api(api).delete_namespaced_network_policy(name, ns),
-            "Service": lambda: core.delete_namespaced_service(name, ns),
-            "Secret": lambda: core.delete_namespaced_secret(name, ns),
-        }[kind]
-        try:
-            await delete()
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        self.lifeline_grace_s: float = lifeline.LIFELINE_GRACE_S
+        self.lifeline_renew_s: float = lifeline.LIFELINE_RENEW_S
 
     async def _root(self, name: str) -> dict[str, Any] | None:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            return await self._dict(await (await self._batch()).read_namespaced_job(name, self.namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self.kube.read_job(name, self.namespace)
 
     async def _list_pods(self, sel: str) -> dict[str, Any]:
-        """A pod list as plain JSON dicts (what the watch events carry too); API errors raise."""
-        return await self._dict(
-            await (await self._core()).list_namespaced_pod(self.namespace, label_selector=sel)
-        )
+        return await self.kube.list_pods(self.namespace, sel)
 
     def _selector(self, name: str) -> str:
         return f"{mf.L_JOB}={name},{mf.L_USER}={mf.user_label(self.settings.user)}"
@@ -268,34 +177,17 @@ class KubernetesBackend(Backend):
 
     async def _create_translated(self, obj: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
         try:
-            out = await self._create(obj)
+            return await self.kube.create(obj)
         except Exception as exc:
             raise translate(exc, obj["kind"], obj["metadata"]["name"], spec.namespace or "") from None
-        out.setdefault("kind", obj["kind"])
-        return out
 
     async def _rollback(self, created: list[dict[str, Any]]) -> None:
         for obj in reversed(created):
             with contextlib.suppress(Exception):
-                await self._delete(obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"])
+                await self.kube.delete(obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"])
 
-    async def _replace_root(self, root: dict[str, Any], attempts: int = 5) -> dict[str, Any]:
-        """PUT the root (update, never patch); on a conflict (the controller wrote its status in between)
-        apply the same spec change to the live object."""
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        batch = await self._batch()
-        name, ns = root["metadata"]["name"], root["metadata"]["namespace"]
-        want = {k: root["spec"].get(k) for k in ("suspend", "activeDeadlineSeconds")}
-        for _ in range(attempts):
-            try:
-                return await self._dict(await batch.replace_namespaced_job(name, ns, root))
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            root = await self._dict(await batch.read_namespaced_job(name, ns))
-            root["spec"].update({k: v for k, v in want.items() if v is not None})
-        raise BackendUnavailable(f"could not update Job {name!r}: it kept changing")
+    async def _replace_root(self, root: dict[str, Any]) -> dict[str, Any]:
+        return await self.kube.replace_job(root, keep=("suspend", "activeDeadlineSeconds"))
 
     async def _check_quota(self, spec: JobSpec) -> None:
         """Refuse, before anything is created, a job that the namespace's ResourceQuota cannot admit now
@@ -328,35 +220,8 @@ class KubernetesBackend(Backend):
         return False
 
     async def _quota_shortfall(self, spec: JobSpec) -> str | None:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        need: dict[str, float] = {"pods": spec.task_count}
-        if spec.gpus_per_worker:
-            need[f"requests.{self.gpu_resource}"] = spec.workers * spec.gpus_per_worker
-        if spec.cpu:
-            need["requests.cpu"] = need["limits.cpu"] = spec.cpu * spec.task_count
-        if spec.memory_bytes:
-            need["requests.memory"] = need["limits.memory"] = spec.memory_bytes * spec.task_count
-        try:
-            quotas = (await (await self._core()).list_namespaced_resource_quota(spec.namespace)).items
-        except ApiException:
-            return None  # no right to read quotas (shared namespace): the cluster still enforces them
-        for q in quotas:
-            hard = (q.status.hard if q.status else None) or (q.spec.hard if q.spec else None) or {}
-            used = (q.status.used if q.status else None) or {}
-            for res, amount in need.items():
-                if res not in hard:
-                    continue
-                limit, now = quantity(hard[res]), quantity(used.get(res, "0"))
-                if now + amount > limit:
-                    what = res.removeprefix("requests.").removeprefix("limits.")
-                    fmt = (lambda v: f"{v / 2**30:g} GiB") if what == "memory" else (lambda v: f"{v:g}")
-                    return (
-                        f"the job would exceed your quota of {what}: it needs {fmt(amount)}, "
-                        f"{fmt(now)} of {fmt(limit)} are in use (your notebook servers count too); "
-                        "ask for less or stop another job"
-                    )
-        return None
+        quotas = await self.kube.quotas(spec.namespace or self.namespace)
+        return quota_shortfall(job_resources(spec, self.gpu_resource), quotas or [])
 
     def _owner(self) -> dict[str, Any] | None:
         if self.settings.pod_name and self.settings.pod_uid:
@@ -365,22 +230,11 @@ class KubernetesBackend(Backend):
 
     # ------------------------------------------------------------------ background work of a job
     async def _deliver(self, name: str) -> None:
-        """Hand the payload to the root Job's own pod, once: wait for its address, then upload (the agent
-        client retries transient failures; a retried upload of the same bytes is accepted)."""
+        """Hand the payload to the root Job's own pod, once (tfdist.kube.transport)."""
         job = self._jobs[name]
         try:
-            ip = await self._chief_ip(job)
-            client = AgentClient(f"http://{ip}:{mf.AGENT_PORT}", job.token)
-            job.agent = client
-            deadline = job.created + job.spec.timeout_s + AGENT_GRACE_S
-            while not await client.reachable():
-                if time.time() > deadline:
-                    raise BackendUnavailable(
-                        f"the notebook cannot reach the coordinator's agent at {ip}:{mf.AGENT_PORT} within "
-                        f"--timeout {job.spec.timeout_s:g}s + {AGENT_GRACE_S:g}s (NetworkPolicy or CNI?)"
-                    )
-                await asyncio.sleep(2)
-            await client.upload(job.payload or b"")
+            job.agent = transport.client_for(await self._chief_ip(job), job.token)
+            await transport.deliver(job.agent, job.payload or b"", job.created, job.spec.timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -390,68 +244,12 @@ class KubernetesBackend(Backend):
             job.delivered.set()
 
     async def _chief_ip(self, job: _Job) -> str:
-        """The address of the root Job's pod, followed by watch until it has one."""
-        from kubernetes_asyncio import watch
-
-        core = await self._core()
         sel = f"{self._selector(job.spec.name)},{mf.L_ROLE}=chief"
-        rv = None
-        while True:
-            try:
-                if rv is None:
-                    body = await self._list_pods(sel)
-                    rv = body["metadata"]["resourceVersion"]
-                    for pod in body["items"]:
-                        if controller_uid(pod) == job.root_uid and (pod.get("status") or {}).get("podIP"):
-                            return pod["status"]["podIP"]
-                w = watch.Watch()
-                async for item in w.stream(
-                    core.list_namespaced_pod,
-                    self.namespace,
-                    label_selector=sel,
-                    resource_version=rv,
-                    timeout_seconds=WATCH_TIMEOUT_S,
-                    allow_watch_bookmarks=True,
-                    _preload_content=False,
-                ):
-                    pod = item["raw_object"]
-                    rv = pod["metadata"].get("resourceVersion", rv)
-                    if controller_uid(pod) == job.root_uid and (pod.get("status") or {}).get("podIP"):
-                        return pod["status"]["podIP"]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if getattr(exc, "status", None) == 410:
-                    rv = None
-                await asyncio.sleep(1)
+        return await transport.chief_ip(self.kube, self.namespace, sel, job.root_uid)
 
     async def _lifeline(self, name: str, root: dict[str, Any]) -> None:
-        """Keep the root's deadline LIFELINE_GRACE_S ahead while this process lives (one update per
-        LIFELINE_RENEW_S); when it stops, the Job controller ends the job within the grace period."""
         job = self._jobs[name]
-        while not job.done:
-            await asyncio.sleep(self.lifeline_renew_s)
-            if job.done:
-                return
-            try:
-                if not (root.get("status") or {}).get("startTime"):
-                    root = await self._root(name) or root
-                start = (root.get("status") or {}).get("startTime")
-                if not start:
-                    continue
-                from datetime import datetime
-
-                started = datetime.fromisoformat(str(start).replace("Z", "+00:00")).timestamp()
-                root["spec"]["activeDeadlineSeconds"] = (
-                    math.ceil(time.time() - started) + self.lifeline_grace_s
-                )
-                root = await self._replace_root(root)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if getattr(exc, "status", None) == 404:
-                    return  # the job is gone
-                await asyncio.sleep(1)  # API server away: try again; the grace covers a few misses
+        await lifeline.keep(self.kube, root, lambda: job.done, self.lifeline_grace_s, self.lifeline_renew_s)
 
     def _finish(self, name: str) -> None:
         job = self._jobs.get(name)
@@ -516,168 +314,19 @@ class KubernetesBackend(Backend):
         async for ev in job.agent.events():
             yield ev
 
-    async def _pod_events(self, name: str, view: JobView) -> AsyncIterator[dict[str, Any]]:
-        from kubernetes_asyncio import watch
-        from kubernetes_asyncio.client.exceptions import ApiException
-
+    def _pod_events(self, name: str, view: JobView) -> AsyncIterator[dict[str, Any]]:
         job = self._jobs.get(name)
-        core = await self._core()
-        sel = self._selector(name)
-        expected = job.spec.task_count if job else view.total_tasks
-        tasks: st.TaskStates = {}
-        deadline = (job.created if job else view.created) + (job.spec.timeout_s if job else 600)
-        started_all = False
-        current: dict[str, str] = {}  # task -> name of its newest pod
-        restarts: dict[str, int] = {}
-        rv: str | None = None
-
-        def replaced(task: str, pod_name: str) -> list[dict[str, Any]]:
-            """The Job controller replaced a task's pod: say so once per replacement."""
-            old = current.get(task)
-            current[task] = pod_name
-            if old is None or old == pod_name:
-                return []
-            n = restarts[task] = restarts.get(task, 0) + 1
-            return [
-                {"type": "task", "task": task, "state": "restarting", "restarts": n},
-                {"type": "log", "lines": [[task, f"tfdist: {task} pod replaced by the cluster ({n})"]]},
-            ]
-
-        while True:
-            if rv is None:  # (re)list: the current state, and where the watch resumes from
-                try:
-                    body = await self._list_pods(sel)
-                except asyncio.CancelledError:
-                    raise
-                except (
-                    Exception
-                ):  # API server away (restarting): retry until --timeout / forever once running
-                    if not started_all and time.time() > deadline:
-                        raise
-                    await asyncio.sleep(1)
-                    continue
-                pods = st.newest_per_task([p for p in body["items"] if self._ours(name, p)])
-                for p in pods:
-                    for ev in replaced(st.pod_task(p) or "", p["metadata"]["name"]):
-                        yield ev
-                rv = body["metadata"]["resourceVersion"]
-                for ev in st.task_events(pods, tasks):
-                    yield ev
-                done = st.outcome(tasks)
-                if done is None and not pods and await self._root(name) is None:
-                    done = {
-                        "type": "state",
-                        "state": "stopped",
-                        "message": "no objects left",
-                        "t": time.time(),
-                    }
-                if done:  # it ended while nobody watched
-                    yield done
-                    return
-                if not started_all and st.servers_running(tasks, expected):
-                    started_all = True
-                    yield {"type": "state", "state": "running", "message": "all tasks running"}
-            w = watch.Watch()
-            try:
-                async with asyncio.timeout(
-                    max(1.0, min(WATCH_TIMEOUT_S, deadline - time.time() + 1))
-                    if not started_all
-                    else WATCH_TIMEOUT_S
-                ):
-                    async for item in w.stream(
-                        core.list_namespaced_pod,
-                        self.namespace,
-                        label_selector=sel,
-                        resource_version=rv,
-                        timeout_seconds=WATCH_TIMEOUT_S,
-                        allow_watch_bookmarks=True,
-                        _preload_content=False,
-                    ):
-                        obj = item["raw_object"]
-                        rv = obj["metadata"].get("resourceVersion", rv)
-                        task = st.pod_task(obj)
-                        if item["type"] == "BOOKMARK" or not task or not self._ours(name, obj):
-                            continue  # bookmarks, and pods someone else labelled as this job's
-                        pod_name = obj["metadata"]["name"]
-                        if item["type"] == "ADDED":
-                            for ev in replaced(task, pod_name):
-                                yield ev
-                        if current.get(task, pod_name) == pod_name:
-                            if item["type"] == "DELETED":
-                                tasks.pop(task, None)
-                            for ev in st.task_events([obj] if item["type"] != "DELETED" else [], tasks):
-                                yield ev
-                        if item["type"] == "DELETED" and not tasks and await self._root(name) is None:
-                            # every pod and the root gone while running: deleted by someone else, or with
-                            # the notebook pod that owned it (the agent's stream would only time out)
-                            yield {
-                                "type": "state",
-                                "state": "stopped",
-                                "message": "the job was deleted in the cluster (with its notebook server, "
-                                "or by someone else); nothing of it is left",
-                                "t": time.time(),
-                            }
-                            return
-                        done = st.outcome(tasks)
-                        if done:
-                            yield done
-                            return
-                        if not started_all and st.servers_running(tasks, expected):
-                            started_all = True
-                            yield {"type": "state", "state": "running", "message": "all tasks running"}
-                        if not started_all and time.time() > deadline:
-                            break
-            except TimeoutError:
-                pass
-            except ApiException as exc:
-                if exc.status == 410:  # too old: relist
-                    rv = None
-                    continue
-                await asyncio.sleep(1)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # connection dropped, API server restarting: resume from rv when it is back
-                await asyncio.sleep(1)
-            finally:
-                w.stop()
-            if not started_all and time.time() > deadline:
-                reasons = "; ".join(
-                    f"{t}: {m}" for t, (s, m) in sorted(tasks.items()) if s != "running" and m
-                )
-                if len(tasks) < expected:
-                    reasons = "; ".join(filter(None, [reasons, await self._creation_problems(name)]))
-                limit = job.spec.timeout_s if job else 600
-                if job is not None:  # --timeout is the user's word: delete now, not after the TTL
-                    await self.stop(name)
-                yield {
-                    "type": "state",
-                    "state": "failed",
-                    "t": time.time(),
-                    "message": f"not running within --timeout {limit:g}s; deleted. {reasons}".strip(),
-                    "error": {"type": "Unschedulable", "message": reasons, "traceback": ""},
-                }
-                return
-
-    async def _creation_problems(self, name: str) -> str:
-        """Why the Job controller made no pods (a quota raced past the kernel's check, an admission
-        policy): its FailedCreate events, as one line."""
-        try:
-            evs = await (await self._core()).list_namespaced_event(
-                self.namespace, field_selector="reason=FailedCreate"
-            )
-        except Exception:
-            return ""
-        msgs = []
-        for e in evs.items:
-            obj = e.involved_object
-            if obj and obj.kind == "Job" and obj.name in (name, f"{name}-worker", f"{name}-ps"):
-                msg = e.message or ""
-                if "exceeded quota" in msg:
-                    from ..kube.api_errors import quota_sentence
-
-                    msg = quota_sentence(msg)
-                msgs.append(msg)
-        return "; ".join(dict.fromkeys(msgs))
+        return PodWatch(
+            kube=self.kube,
+            namespace=self.namespace,
+            name=name,
+            selector=self._selector(name),
+            ours=lambda pod: self._ours(name, pod),
+            expected=job.spec.task_count if job else view.total_tasks,
+            deadline=(job.created if job else view.created) + (job.spec.timeout_s if job else 600),
+            timeout_s=job.spec.timeout_s if job else 600,
+            on_timeout=(lambda: self.stop(name)) if job is not None else None,
+        ).events()
 
     # ------------------------------------------------------------------ the rest of the interface
     async def stop(self, name: str, reason: str = "stopped") -> bool:
@@ -691,7 +340,7 @@ class KubernetesBackend(Backend):
             if job.agent is not None:
                 await job.agent.close()
         self._forget(name)
-        return await self._delete("Job", name, self.namespace)
+        return await self.kube.delete("Job", name, self.namespace)
 
     async def status(self, name: str) -> JobView:
         root = await self._root(name)
@@ -714,9 +363,9 @@ class KubernetesBackend(Backend):
 
     async def list_jobs(self) -> list[dict[str, Any]]:
         sel = f"{mf.L_ROOT}=true,{mf.L_USER}={mf.user_label(self.settings.user)}"
-        roots = (await (await self._batch()).list_namespaced_job(self.namespace, label_selector=sel)).items
+        roots = await self.kube.list_root_jobs(self.namespace, sel)
         out = []
-        for name in sorted({j.metadata.name for j in roots} | set(self._jobs)):
+        for name in sorted(set(roots) | set(self._jobs)):
             with contextlib.suppress(NoSuchJob):
                 summary = (await self.status(name)).summary()
                 out.append(summary | self.detach_summary(name, summary.get("ended")))
@@ -738,7 +387,6 @@ class KubernetesBackend(Backend):
     async def logs(self, name: str, task: str | None = None, tail: int | None = None) -> dict[str, str]:
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        core = await self._core()
         pods = [p for p in (await self._list_pods(self._selector(name)))["items"] if self._ours(name, p)]
         if not pods:
             raise NoSuchJob(name)
@@ -748,8 +396,7 @@ class KubernetesBackend(Backend):
             if task and t != task:
                 continue
             try:
-                kw = {"tail_lines": tail} if tail else {}
-                out[t] = await core.read_namespaced_pod_log(p["metadata"]["name"], self.namespace, **kw)
+                out[t] = await self.kube.pod_log(self.namespace, p["metadata"]["name"], tail)
             except ApiException as exc:
                 out[t] = f"(no log: {exc.reason})"
         return out
@@ -768,7 +415,7 @@ class KubernetesBackend(Backend):
             # now (rather than at its TTL) frees the pods and the quota they hold for the next cell.
             self._ended.add(name)
             with contextlib.suppress(Exception):
-                await self._delete("Job", name, self.namespace)
+                await self.kube.delete("Job", name, self.namespace)
             return data
         finally:
             self._finish(name)
@@ -829,7 +476,7 @@ class KubernetesBackend(Backend):
         """The agent of an attached job (its payload was delivered by the kernel that started it)."""
         job = self._jobs[name]
         try:
-            job.agent = AgentClient(f"http://{await self._chief_ip(job)}:{mf.AGENT_PORT}", job.token)
+            job.agent = transport.client_for(await self._chief_ip(job), job.token)
         except Exception as exc:
             job.delivery_error = exc
         finally:
@@ -847,6 +494,4 @@ class KubernetesBackend(Backend):
                 if job.agent is not None:
                     await job.agent.close()
         self._jobs.clear()
-        if self._api is not None:
-            await self._api.close()
-            self._api = None
+        await self.kube.close()
