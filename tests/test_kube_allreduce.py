@@ -92,7 +92,7 @@ def test_root_is_replica_zero_with_gpus_and_the_agent():
     assert pod["hostname"] == "ar-chief-0" and pod["restartPolicy"] == "Never"
     assert pod["nodeSelector"] == NODE and pod["tolerations"] == TOL
     (c,) = pod["containers"]
-    assert c["command"] == ["python", "-m", "tfdist.runtime.podmain", "chief"]
+    assert c["command"] == ["python", "-m", "tfdist.runtime.podmain", "allreduce-chief"]
     assert c["env"] == [*ENV, {"name": "TFDIST_AGENT_PORT", "value": str(mf.AGENT_PORT)}]  # the agent's
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert {"containerPort": 8470, "name": "agent"} in c["ports"]

@@ -6,7 +6,8 @@ the same Service, NetworkPolicy and Secret owned by the root) with three differe
 * no PS Job, and TFDIST_CLUSTER / TFDIST_STRATEGY describe a MultiWorkerMirroredStrategy cluster (chief-0
   and worker-0..N-2: `tf_config.task_names(N, 0, "allreduce")`);
 * chief-0 is replica 0: it gets GPUs like every worker (and the GPU node selector), and still runs the
-  agent that receives the payload and returns the results once;
+  agent that receives the payload and returns the results once (`podmain allreduce-chief`: the chief
+  entry point with its replica sampled for the monitor);
 * the workers run the cell too (`podmain allreduce-worker`: payload from the chief's agent, then the
   coordinator program), and a failed worker is not replaced (backoffLimit 0): MWMS cannot take one worker
   back mid-step, so the job ends, as on the local backend.
@@ -61,7 +62,10 @@ def root_job(
     job = mf.root_job(
         spec, owner, queue=queue, result_wait_s=result_wait_s, lifeline_s=lifeline_s, suspend=suspend
     )
-    _as_replica(spec, job["spec"]["template"], node_selector, tolerations, gpu_resource)
+    template = job["spec"]["template"]
+    _as_replica(spec, template, node_selector, tolerations, gpu_resource)
+    # the chief entry point (agent + the cell as replica 0), with its replica sampled like the workers
+    template["spec"]["containers"][0]["command"][-1] = "allreduce-chief"
     return job
 
 

@@ -1,4 +1,4 @@
-"""An all-reduce worker's pod: `python -m tfdist.runtime.podmain allreduce-worker`.
+"""An all-reduce job's pods: `python -m tfdist.runtime.podmain allreduce-worker|allreduce-chief`.
 
 Under MultiWorkerMirroredStrategy every replica runs the cell (README, "All-reduce"), so a worker pod is
 not a bare TF server: it fetches the payload from chief-0's agent (a signed GET with the job's token from
@@ -6,7 +6,8 @@ the job's Secret; an answer not signed with it is never run), then runs the coor
 (`tfdist.runtime.coordinator`) as its replica, and posts its CPU and memory to the agent like a PS job's
 server pods. Nothing outlives the job: the pod ends when its replica ends, when the chief has finished and
 this replica has not followed within FINISH_GRACE_S (it would wait in a collective forever), or when the
-chief's agent has been unreachable for ORPHAN_AFTER_S (the chief's pod is gone).
+chief's agent has been unreachable for ORPHAN_AFTER_S (the chief's pod is gone). chief-0 runs the
+ordinary chief entry point (agent + the cell as replica 0) with a sampler posting its replica's use.
 """
 
 from __future__ import annotations
@@ -131,6 +132,51 @@ def follow(proc: subprocess.Popen, url: str, token: str, task: str, orphan_s: fl
             proc.wait()
         return 0  # the job ended without this replica: not a failure of its own
     return proc.returncode or 0
+
+
+def sample_chief(port: int, token: str, period: float = POLL_S) -> None:
+    """chief-0 is replica 0: post its replica's CPU and memory to its own agent, as the worker pods do,
+    so that the monitor shows every replica. Runs in a daemon thread of the chief's entry point."""
+    import psutil
+
+    from ..sampler import TaskProcess, TaskSampler
+    from .podmain import _AgentLink
+
+    sampler = TaskSampler()
+    agent = _AgentLink(f"http://127.0.0.1:{port}", token)
+    me = psutil.Process()
+    tracked = None
+    while True:
+        time.sleep(period)
+        try:
+            replica = next(
+                (c for c in me.children() if "tfdist.runtime.coordinator" in " ".join(c.cmdline())), None
+            )
+        except psutil.Error:
+            replica = None
+        if replica is None:
+            continue
+        if replica.pid != tracked:
+            tracked = replica.pid
+            sampler.track(TaskProcess("chief-0", replica.pid, sampler.gpus.indices()))
+            continue  # the first sample primes the CPU counter
+        try:
+            agent.post("/metrics", wire.dumps(sampler.sample()))
+        except Exception:
+            pass
+
+
+def run_chief() -> int:
+    """chief-0 of an all-reduce job: the ordinary chief entry point (agent + the cell as replica 0), with
+    its replica sampled for the monitor."""
+    import threading
+
+    from . import podmain
+
+    port = int(os.environ.get(podmain.AGENT_PORT_ENV, "8470"))
+    args = (port, os.environ.get("TFDIST_TOKEN", ""))
+    threading.Thread(target=sample_chief, args=args, name="tfdist-sampler", daemon=True).start()
+    return podmain.run_chief()
 
 
 def run_worker() -> int:

@@ -1,11 +1,11 @@
-"""What a job's pod runs: `python -m tfdist.runtime.podmain chief|worker|ps|allreduce-worker`.
+"""What a job's pod runs: `python -m tfdist.runtime.podmain chief|worker|ps|allreduce-*`.
 
 chief: the agent (tfdist.runtime.agent) plus the coordinator (tfdist.runtime.coordinator, the same code
 the local backend runs), exiting once the notebook has its results. worker/ps: the TF server
 (tfdist.runtime.task) plus a sampler that posts this pod's CPU, memory and GPU use to the agent; the pod
 exits when the coordinator has finished or its agent has been gone for a while, so PS pods never linger
-holding resources (TFJob's PS pods do). allreduce-worker: tfdist.runtime.allreduce_pod (the cell again, as
-one more MultiWorkerMirroredStrategy replica; chief-0 runs the same chief entry point as replica 0).
+holding resources (TFJob's PS pods do). allreduce-worker|allreduce-chief: tfdist.runtime.allreduce_pod (the
+cell again, as one more MultiWorkerMirroredStrategy replica; chief-0 is replica 0 and runs run_chief).
 """
 
 from __future__ import annotations
@@ -217,17 +217,17 @@ def task_environment(role: str, environ: dict[str, str] | None = None) -> None:
 
 def main() -> int:
     role = sys.argv[1] if len(sys.argv) > 1 else ""
-    if role in ("chief", "worker", "ps", "allreduce-worker"):
+    if role in ("chief", "worker", "ps", "allreduce-worker", "allreduce-chief"):
         task_environment(role.removeprefix("allreduce-"))
     if role == "chief":
         return run_chief()
     if role in ("worker", "ps"):
         return run_server(role)
-    if role == "allreduce-worker":  # replicas 1..N-1 of an all-reduce job: they run the cell too
-        from .allreduce_pod import run_worker
+    if role in ("allreduce-worker", "allreduce-chief"):  # every replica of an all-reduce job runs the cell
+        from . import allreduce_pod
 
-        return run_worker()
-    print("usage: python -m tfdist.runtime.podmain chief|worker|ps|allreduce-worker", file=sys.stderr)
+        return allreduce_pod.run_worker() if role == "allreduce-worker" else allreduce_pod.run_chief()
+    print("usage: python -m tfdist.runtime.podmain chief|worker|ps|allreduce-worker|-chief", file=sys.stderr)
     return 2
 
 

@@ -1,0 +1,130 @@
+"""`%%tfdist run --strategy allreduce` with the Kubernetes backend onto the one-machine cluster's real node:
+the example's digits model trains under MultiWorkerMirroredStrategy in two real pods (chief-0 = replica 0
+with the agent, worker-0 = replica 1 fetching the cell from the agent), the kernel gets the trained model
+back, another user's pod cannot reach the job, and nothing of the job is left afterwards.
+
+Same set-up as test_k8s_realnode_jobs.py: a host kernel plays the user's notebook (the notebook service
+account's token, a namespace prepared by the spawner's code, a stand-in notebook pod owning the job).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests import realnode
+from tests.realnode_jobs import (
+    build_job_image,
+    digits_kernel,
+    drop_tenant,
+    epochs_shown,
+    job_pods,
+    make_tenant,
+    notebook_cells,
+    probe_from,
+    run_line,
+    running,
+    sampled_tasks,
+    start_notebook_pod,
+    wait_for,
+    wait_gone,
+)
+from tfdist.kube import manifests as mf
+
+pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
+
+
+@pytest.fixture(scope="module")
+def job_image(real_cluster) -> str:
+    real_cluster.ensure()  # up again if an earlier module's teardown test took it down
+    return build_job_image()
+
+
+@pytest.fixture
+def tenants(real_cluster, tmp_path):
+    made = []
+
+    def make(prefix: str):
+        t = make_tenant(real_cluster, prefix, tmp_path)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        drop_tenant(real_cluster, t)
+
+
+def allreduce_line(name: str) -> str:
+    """The example's run cell as an all-reduce job of two replicas (no --ps)."""
+    line = run_line(name)
+    first, _, body = line.partition("\n")
+    assert "--ps 1" in first, first
+    return first.replace("--ps 1", "--strategy allreduce") + "\n" + body
+
+
+@pytest.mark.timeout(1200)
+def test_digits_trains_with_allreduce_in_real_pods_and_leaves_nothing(
+    real_cluster, job_image, tenants, tmp_path
+):
+    ann, bob = tenants("arann"), tenants("arbob")
+    ns = ann.namespace
+    start_notebook_pod(real_cluster, ann)
+    start_notebook_pod(real_cluster, bob, forged=ann.user)  # bob's pod claims to be ann's notebook
+    k = digits_kernel(ann, job_image, tmp_path)
+    try:
+        since = k.mark()
+        t0 = time.monotonic()
+        cell = k.submit(allreduce_line("ardigits"))
+
+        def both_running():
+            if k.idle_after(cell):
+                r = k.wait(cell, timeout=5)
+                raise AssertionError(f"the cell ended before its pods ran: {r.error_text or r.text}")
+            pods = running(job_pods(real_cluster, ns, "ardigits"))
+            return pods if len(pods) == 2 else None
+
+        pods = wait_for("the job's 2 pods running", both_running, 300)
+        t_pods = time.monotonic() - t0
+        assert sorted(p["metadata"]["labels"][mf.L_ROLE] for p in pods) == ["chief", "worker"]
+        for p in pods:  # real containers on the real node
+            assert p["spec"]["nodeName"] == realnode.NODE_NAME
+            (cs,) = p["status"]["containerStatuses"]
+            assert cs["containerID"].startswith("containerd://")
+        jobs = real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
+        assert sorted(j["metadata"]["name"] for j in jobs) == ["ardigits", "ardigits-worker"]  # no PS
+        chief = next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == "chief")
+        worker = next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == "worker")
+        ips = (worker["status"]["podIP"], chief["status"]["podIP"], mf.TF_PORT, mf.AGENT_PORT)
+        # another user's pod, even labelled as the owner's notebook: neither a replica's TF port nor the
+        # agent (which serves the cell to the replicas) lets it in
+        theirs = probe_from(bob.namespace, bob.notebook_pod, *ips)
+        assert theirs["TF"] == "BLOCKED" and theirs["AGENT"] == "BLOCKED", theirs
+
+        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        t_epoch = time.monotonic() - t0
+        worker_log = real_cluster.logs(ns, worker["metadata"]["name"])
+        assert "running the cell as an all-reduce replica" in worker_log, worker_log[-2000:]
+        r = k.wait(cell, timeout=900)
+        t_cell = time.monotonic() - t0
+        assert r.error is None, r.error_text
+        shown = sampled_tasks(k.widget_texts(since))
+        for task in ("chief-0", "worker-0"):  # each replica sampled inside its pod
+            assert task in shown and shown[task][1] > 100, (task, shown)
+        t_end = time.monotonic()
+        r = k.run(notebook_cells()[3], timeout=120)
+        assert r.error is None, r.error_text
+        assert "weights changed: True" in r.text, r.text
+        before = float(r.text.split("test accuracy ")[1].split(" ->")[0])
+        after = float(r.text.split("->")[1].split(";")[0])
+        assert after > 0.8 and after > before + 0.3, r.text
+        r = k.run("print('epochs', len(history.history['loss']))")
+        assert "epochs 8" in r.text, r.text
+        took = wait_gone(real_cluster, ns, "ardigits", 90)
+        print(
+            f"\nall-reduce on the real node: pods running {t_pods:.1f}s, first epoch {t_epoch:.1f}s, "
+            f"cell {t_cell:.1f}s after the cell started; accuracy {before:.3f} -> {after:.3f}; nothing left "
+            f"{time.monotonic() - t_end:.1f}s after the cell ended ({took:.1f}s of waiting)"
+        )
+    finally:
+        k.shutdown()
