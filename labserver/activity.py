@@ -58,6 +58,9 @@ class GpuActivity:
         self._pc: PeriodicCallback | None = None
         self.since: float | None = None  # when tracking began: idle time cannot be known before it
         self._last_busy: dict[float, float] = {}  # threshold -> time of the last sample at/above it
+        # (t, highest GPU utilization) of this server's running jobs' pods, as seen at each hub check: on
+        # Kubernetes a job's GPUs are in its own pods, and they are this server's GPU use too
+        self.job_samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
 
     def gpus(self) -> list[GpuInfo]:
         if self._gpus is None:
@@ -94,7 +97,16 @@ class GpuActivity:
             if any(u is not None and u >= busy_percent for u in utils):
                 last = max(last, t)
                 break
+        for t, u in reversed(self.job_samples):
+            if u >= busy_percent:
+                last = max(last, t)
+                break
         return max(0.0, now - last)
+
+    def note_jobs(self, utils: list[float], now: float | None = None) -> None:
+        """The running jobs' GPU utilization (their pods' latest samples) at this moment."""
+        if utils:
+            self.job_samples.append((time.time() if now is None else now, max(utils)))
 
     def report(self, busy_percent: float | None, history_s: float) -> dict[str, Any]:
         self.ensure_running()
@@ -156,20 +168,21 @@ class ActivityHandler(_Base):
     async def get(self) -> None:
         busy = _number(self.get_argument("busy_percent", None), "busy_percent", None, 0, 100)
         history = _number(self.get_argument("history", None), "history", 0.0, 0, RETENTION_S)
-        out = self.activity.report(busy, history or 0.0)
-        running = []
+        running, jobs_error = [], None
         try:
             jobs = await self.settings["tfdist"].list_jobs()
         except Exception as e:  # a broken backend must not make the server look idle-and-jobless silently
             self.log.warning("tfdist activity: cannot list jobs: %s", e)
-            out["jobs_error"] = str(e)
-            jobs = []
+            jobs_error, jobs = str(e), []
         me = self.settings["tfdist"].settings.user
         for j in jobs:
             if j.get("state") not in TERMINAL and (j.get("user") or "") == me:
-                running.append(
-                    {"name": j.get("name"), "state": j.get("state"), "gpu_util": j.get("gpu_util") or []}
-                )
+                util = [float(u) for u in j.get("gpu_util") or [] if isinstance(u, (int, float))]
+                running.append({"name": j.get("name"), "state": j.get("state"), "gpu_util": util})
+        self.activity.note_jobs([u for j in running for u in j["gpu_util"]])
+        out = self.activity.report(busy, history or 0.0)
+        if jobs_error is not None:
+            out["jobs_error"] = jobs_error
         out["jobs_running"] = running
         out["notice"] = self.notice.value
         self.write_json(out)

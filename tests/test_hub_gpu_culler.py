@@ -177,7 +177,8 @@ def test_idle_gpu_server_is_warned_then_culled_and_others_are_not(hub: RunningHu
     assert culled_at >= notice["cull_at"] - 1.5  # the user got the whole warning time
 
     assert server_get(hub, "cpuuser", "activity")["gpus"] == []
-    assert [j["name"] for j in server_get(hub, "trainer", "activity")["jobs_running"]] == ["train1"]
+    [job] = server_get(hub, "trainer", "activity")["jobs_running"]
+    assert job["name"] == "train1" and job["gpu_util"] == [70.0], job
     # the others: still there, never warned, for longer than the idle limit
     for user in ("worker", "trainer", "cpuuser"):
         assert hub.servers(user)[""]["ready"], user
@@ -225,7 +226,8 @@ def test_admin_page_shows_servers_live_and_refuses_non_admins(hub: RunningHub, n
             worker = page.locator('#servers tr[data-server="worker/"]')
             expect(worker.locator("td.gpus")).to_have_text("1 \u00d7 NVIDIA H100 80GB HBM3")
             expect(worker.locator("td.util")).to_have_text("80%", timeout=10_000)
-            expect(page.locator('#servers tr[data-server="trainer/"]')).to_contain_text("train1 (running)")
+            trainer_jobs = page.locator('#servers tr[data-server="trainer/"] td.jobs')
+            expect(trainer_jobs).to_have_text("train1 (running, GPUs 70%)")
             expect(page.locator('#servers tr[data-server="cpuuser/"] td.gpus')).to_have_text("none (CPU)")
             totals = page.locator("#totals tbody tr")
             expect(totals).to_have_count(1)

@@ -72,6 +72,34 @@ def all_running(cluster, ns: str, job: str, n: int = 4, k=None, cell: str = ""):
     return pods if len(pods) == n else None
 
 
+def sampled_row(tenant, tmp_path) -> dict | None:
+    """`list_jobs()` of a second backend of the same server (same user, namespace and state directory, as
+    the server extension makes it): the running job's row once it carries its pods' CPU samples."""
+    import asyncio
+
+    from tfdist.backends.kubernetes import KubernetesBackend
+    from tfdist.settings import from_environ
+
+    async def rows() -> list[dict]:
+        b = KubernetesBackend(
+            from_environ(
+                {
+                    "TFDIST_NAMESPACE": tenant.namespace,
+                    "TFDIST_USER": tenant.user,
+                    "TFDIST_STATE_DIR": str(tmp_path / "state"),
+                }
+            ),
+            kubeconfig=tenant.kubeconfig,
+        )
+        try:
+            return await b.list_jobs()
+        finally:
+            await b.close()
+
+    row = next((r for r in asyncio.run(rows()) if r["name"] == "digits"), None)
+    return row if row and row["state"] == "running" and row["cpu_total"] > 0 else None
+
+
 def by_role(pods: list[dict], role: str) -> dict:
     return next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == role)
 
@@ -110,6 +138,12 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_and_leaves_nothing
         theirs = probe_from(bob.namespace, bob.notebook_pod, *ips)
         assert theirs["TF"] == "BLOCKED" and theirs["AGENT"] == "BLOCKED", theirs
         assert theirs["HEALTHZ"].startswith("FAILED"), theirs
+        # this server's other processes (the lab panel; the hub's culler and admin page through the server
+        # extension) see the job's pods' samples too: the kernel that follows the job leaves them
+        row = wait_for(
+            "the job's samples seen by another process of the server", lambda: sampled_row(ann, tmp_path), 90
+        )
+        print(f"\nanother process of the server sees the job: {row}")
         assert not k.idle_after(cell), "the job ended before the probes: they proved nothing"
 
         r = k.wait(cell, timeout=900)

@@ -60,6 +60,7 @@ class _Job:
     delivery_error: Exception | None = None
     tasks: list[asyncio.Task] = dataclasses.field(default_factory=list)
     done: bool = False
+    sampled: float = 0.0  # when its latest metrics sample was last written for this server (records.live)
 
 
 class KubernetesBackend(Backend):
@@ -259,6 +260,20 @@ class KubernetesBackend(Backend):
         for t in job.tasks:
             if t is not asyncio.current_task():
                 t.cancel()
+        with contextlib.suppress(OSError):
+            os.unlink(self._live_path(name))
+
+    def _live_path(self, name: str) -> str:
+        return records.live_path(self.settings.state_dir, self.namespace, name)
+
+    def _sampled(self, job: _Job, ev: dict[str, Any]) -> None:
+        """Leave the job's latest sample where this server's other processes read it (records.live_path)."""
+        now = time.time()
+        if job.done or now - job.sampled < records.LIVE_EVERY_S or not isinstance(ev.get("tasks"), dict):
+            return
+        job.sampled = now
+        with contextlib.suppress(OSError, TypeError, ValueError):
+            records.save(self._live_path(job.spec.name), {"t": ev.get("t") or now, "tasks": ev["tasks"]})
 
     # ------------------------------------------------------------------ watch
     async def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
@@ -312,6 +327,8 @@ class KubernetesBackend(Backend):
             raise err
         assert job.agent is not None
         async for ev in job.agent.events():
+            if ev.get("type") == "metrics":
+                self._sampled(job, ev)
             yield ev
 
     def _pod_events(self, name: str, view: JobView) -> AsyncIterator[dict[str, Any]]:
@@ -359,7 +376,12 @@ class KubernetesBackend(Backend):
             ts = root["metadata"].get("creationTimestamp")
             with contextlib.suppress(ValueError, TypeError):
                 created = datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
-        return st.view(name, spec, pods, root, created)
+        view = st.view(name, spec, pods, root, created)
+        if not view.finished and not view.metrics:  # another process of this server follows it
+            live = records.load_live(self._live_path(name))
+            if live is not None:
+                view.metrics.append({"t": live["t"], "tasks": live["tasks"]})
+        return view
 
     async def list_jobs(self) -> list[dict[str, Any]]:
         sel = f"{mf.L_ROOT}=true,{mf.L_USER}={mf.user_label(self.settings.user)}"

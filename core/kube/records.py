@@ -1,5 +1,9 @@
-"""Detached jobs' records in the user's state directory: what a later kernel needs to attach (the job's
-token and identity). 0600 files: the notebook may not read the job's Secret back from the cluster."""
+"""Jobs' records in the user's state directory. A detached job's record: what a later kernel needs to
+attach (the job's token and identity). A running job's latest sample (`*.live.json`): the kernel that
+follows the job writes what its pods last reported (CPU, memory, GPUs), so this server's other processes
+(the lab panel, the hub's GPU-idle culler and admin page, through the server extension) see a Kubernetes
+job's utilization too; only that kernel holds the job's token. 0600 files: the notebook may not read the
+job's Secret back from the cluster."""
 
 from __future__ import annotations
 
@@ -9,9 +13,28 @@ import os
 import time
 from typing import Any
 
+LIVE_MAX_AGE_S = 60.0  # an older sample says nothing about now (its kernel stopped following the job)
+LIVE_EVERY_S = 5.0  # a followed job's sample is written at most this often
+
 
 def path(state_dir: str, namespace: str, name: str) -> str:
     return os.path.join(state_dir, "kubernetes", namespace, f"{name}.json")
+
+
+def live_path(state_dir: str, namespace: str, name: str) -> str:
+    return os.path.join(state_dir, "kubernetes", namespace, f"{name}.live.json")
+
+
+def load_live(file: str, now: float | None = None) -> dict[str, Any] | None:
+    """The latest metrics sample, `{"t", "tasks"}`, if it is recent; else None."""
+    rec = load(file)
+    if rec is None or not isinstance(rec.get("tasks"), dict):
+        return None
+    try:
+        age = (time.time() if now is None else now) - float(rec["t"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return rec if age < LIVE_MAX_AGE_S else None
 
 
 def save(file: str, record: dict[str, Any]) -> None:

@@ -79,7 +79,9 @@ function render(data) {
     const now = s.util.map(u => (u === null ? '—' : Math.round(u) + '%')).join(' ');
     cell(tr, s.gpus.length ? now : '—', 'num util');
     cell(tr, s.gpus.length ? fmtDuration(s.idle_s) : '—', 'num');
-    cell(tr, s.jobs.length ? s.jobs.map(j => j.name + ' (' + j.state + ')').join(', ') : '—');
+    const jobGpus = j => (j.gpu_util && j.gpu_util.length
+      ? ', GPUs ' + j.gpu_util.map(u => Math.round(u) + '%').join(' ') : '');
+    cell(tr, s.jobs.length ? s.jobs.map(j => j.name + ' (' + j.state + jobGpus(j) + ')').join(', ') : '—', 'jobs');
     let cull = s.action || '—';
     let cls = 'muted';
     if (s.cull_at) {

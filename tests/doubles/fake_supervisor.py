@@ -2,8 +2,9 @@
 
 Named, one behaviour: run as ``python fake_supervisor.py JOBDIR USER``; it writes the job's spec.json,
 state.json and supervisor.pid (its own PID and start time) and answers every control-socket request with
-a snapshot of a job in state "running", until killed. For tests that need "a job is running on this
-server" without TensorFlow processes (the GPU-idle culler must leave such a server alone).
+a snapshot of a job in state "running" whose worker's GPU is at FAKE_JOB_GPU_UTIL %, until killed. For
+tests that need "a job is running on this server" without TensorFlow processes (the GPU-idle culler must
+leave such a server alone; the admin page shows the job's GPUs).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from tfdist.procid import ProcessId
 from tfdist.runtime import events
 from tfdist.runtime.unixsock import short_path
 
+FAKE_JOB_GPU_UTIL = 70.0
+
 
 async def main(jobdir: str, user: str) -> None:
     name = os.path.basename(jobdir.rstrip("/"))
@@ -32,6 +35,9 @@ async def main(jobdir: str, user: str) -> None:
     view = JobView(
         name=name, user=user, state="running", total_tasks=spec.task_count, spec=json.loads(spec.to_json())
     )
+    # its worker's latest sample: one GPU at FAKE_JOB_GPU_UTIL % (what the hub's admin page shows per job)
+    gpu = {"index": 0, "util (%)": FAKE_JOB_GPU_UTIL, "mem_used (MiB)": 1024.0}
+    view.metrics.append({"t": time.time(), "tasks": {"worker-0": {"cpu (%)": 50.0, "gpus": [gpu]}}})
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readline()
