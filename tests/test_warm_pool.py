@@ -325,3 +325,35 @@ def test_tasks_whose_start_environment_differs_start_fresh():
         poolmod.DEFAULT_MEMORY,
     )
     assert plan_size(3, "/nonexistent", None, {"TFDIST_POOL_SIZE": "0"})[0] == 0
+
+
+def test_a_task_gets_a_zygote_that_finished_importing_before_one_still_importing():
+    """Zygotes become ready in any order (TensorFlow's import time varies): a task takes a ready one, and a
+    still-importing one only when no ready one is left."""
+    import asyncio
+    import socket
+
+    from tfdist.runtime.warmpool import WarmPool, Zygote
+
+    async def main() -> None:
+        procs, peers, pool = [], [], WarmPool(2, {}, lambda: None)
+        for ready in (False, True):  # the first started is still importing
+            proc = await asyncio.create_subprocess_exec("sleep", "60")
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            procs.append(proc)
+            peers.append(theirs)
+            pool.free.append(Zygote(proc, ours, ready=ready))
+        try:
+            got = pool.become("worker-0", "m", [], {}, "/", ())
+            assert got is procs[1] and pool.used == {"worker-0": procs[1].pid}
+            assert json.loads(peers[1].recv(4096))["module"] == "m"
+            got = pool.become("worker-1", "m", [], {}, "/", ())  # only the importing one is left
+            assert got is procs[0]
+        finally:
+            for p in procs:
+                p.kill()
+                await p.wait()
+            for s in peers:
+                s.close()
+
+    asyncio.run(main())

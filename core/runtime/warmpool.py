@@ -145,7 +145,9 @@ class WarmPool:
     ) -> asyncio.subprocess.Process | None:
         msg = json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "fds": list(fds)}).encode()
         while self.free:
-            z = self.free.pop(0)
+            # a zygote that has finished importing first: one still importing makes its task wait for that
+            z = next((z for z in self.free if z.ready and z.proc.returncode is None), self.free[0])
+            self.free.remove(z)
             with contextlib.suppress(ValueError, OSError):
                 asyncio.get_running_loop().remove_reader(z.sock.fileno())
             try:
