@@ -15,18 +15,7 @@ import numpy as np
 import pytest
 
 from tfdist import events as ev
-from tfdist.events import (
-    ErrorInfo,
-    EventError,
-    LogEvent,
-    MetricsEvent,
-    ProgressEvent,
-    SnapshotEvent,
-    StateEvent,
-    TaskEvent,
-    parse,
-    to_wire,
-)
+from tfdist.events import EventError, MetricsEvent, SnapshotEvent, StateEvent, TaskEvent, parse, to_wire
 from tfdist.jobview import JobView
 from tfdist.kernel_magics.magics import TfdistMagics
 from tfdist.kernel_magics.monitor import TextMonitor, WidgetMonitor, log_text, static_png, tasks_html
@@ -56,18 +45,20 @@ def good_records() -> list:
         TaskEvent(task="worker-0", state="starting", pid=123, restarts=0, gpus=["0", "MIG-1a2b"]),
         TaskEvent(task="ps-0", state="running", node="gpu-node-1"),
         TaskEvent(task="worker-0", state="restarting", exit_code=-9, restarts=1),
-        ProgressEvent(phase="connecting"),
-        ProgressEvent(phase="fit", epoch=0, step=0, epochs=3),
-        ProgressEvent(phase="fit", step=40, t=1000.5),
-        ProgressEvent(phase="fit", epoch=1, epochs=3, steps=100, logs={"loss": 0.5, "acc": None}, t=1001.0),
+        ev.ProgressEvent(phase="connecting"),
+        ev.ProgressEvent(phase="fit", epoch=0, step=0, epochs=3),
+        ev.ProgressEvent(phase="fit", step=40, t=1000.5),
+        ev.ProgressEvent(
+            phase="fit", epoch=1, epochs=3, steps=100, logs={"loss": 0.5, "acc": None}, t=1001.0
+        ),
         MetricsEvent(t=1001.0, tasks={"worker-0": SAMPLE, "ps-0": {"cpu (%)": None, "rss (MiB)": None}}),
-        LogEvent(lines=[("worker-0", "epoch 1 <b>done</b>"), ("tfdist", "tfdist: a line of ours")]),
+        ev.LogEvent(lines=[("worker-0", "epoch 1 <b>done</b>"), ("tfdist", "tfdist: a line of ours")]),
         StateEvent(
             state="failed",
             message="the cell raised",
             t=1002.0,
             reason="cell-error",
-            error=ErrorInfo(type="ValueError", message="bad", traceback="Traceback ..."),
+            error=ev.ErrorInfo(type="ValueError", message="bad", traceback="Traceback ..."),
         ),
     ]
 
