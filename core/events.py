@@ -28,8 +28,9 @@ from pydantic import (
     ValidationError,
     model_serializer,
 )
+from typing_extensions import Required, TypedDict
 
-from .tf_config import TaskId
+from .tf_config import ROLES, TaskId
 
 # Bounds far above anything tfdist writes (log lines are cut at 2,000 characters, tracebacks are a few
 # KiB): only a broken or hostile producer reaches them.
@@ -61,13 +62,10 @@ def _task_id(value: Any) -> TaskId:
     return TaskId.parse(value)
 
 
-def _task_name(value: str) -> str:
-    TaskId.parse(value)  # raises ValueError: not chief-0, worker-N, ps-N
-    return value
-
-
 Task = Annotated[TaskId, PlainValidator(_task_id), PlainSerializer(str, return_type=str)]
-TaskName = Annotated[Name, AfterValidator(_task_name)]  # a task, kept as its text (dict keys, JobView)
+# a task kept as its text (dict keys, JobView): TaskId's form, checked without a Python call per key
+_TASK_PATTERN = f"^({'|'.join(ROLES)})-[0-9]+$"
+TaskName = Annotated[str, StringConstraints(strict=True, max_length=NAME_MAX, pattern=_TASK_PATTERN)]
 
 _STRICT = ConfigDict(frozen=True, allow_inf_nan=False, extra="ignore")
 
@@ -95,23 +93,30 @@ class ErrorInfo(_Record):
     reason: Name | None = None
 
 
-class GpuSample(BaseModel):
-    """One GPU of a task, as the sampler reads it from NVML (None: not readable)."""
-
-    model_config = _STRICT
-    index: StrictInt
-    util: Num | None = Field(None, alias="util (%)")
-    mem_used: Num | None = Field(None, alias="mem_used (MiB)")
-    mem_total: Num | None = Field(None, alias="mem_total (MiB)")
-
-
-class TaskSample(BaseModel):
-    """One task's CPU, memory and GPUs in one metrics sample (None: not readable)."""
-
-    model_config = _STRICT
-    cpu: Num | None = Field(None, alias="cpu (%)")
-    rss: Num | None = Field(None, alias="rss (MiB)")
-    gpus: Annotated[tuple[GpuSample, ...], Field(max_length=GPUS_MAX)] = ()
+# A task's sample stays the dict the sampler writes and the monitor reads ("cpu (%)": None when not
+# readable): typed dicts, checked without building an object per task (a snapshot holds 600 samples of
+# every task).
+GpuSample = TypedDict(
+    "GpuSample",
+    {
+        "index": Required[StrictInt],
+        "util (%)": Num | None,
+        "mem_used (MiB)": Num | None,
+        "mem_total (MiB)": Num | None,
+    },
+    total=False,
+)
+GpuSample.__pydantic_config__ = ConfigDict(allow_inf_nan=False)  # type: ignore[attr-defined]
+TaskSample = TypedDict(
+    "TaskSample",
+    {
+        "cpu (%)": Num | None,
+        "rss (MiB)": Num | None,
+        "gpus": Annotated[list[GpuSample], Field(max_length=GPUS_MAX)],
+    },
+    total=False,
+)
+TaskSample.__pydantic_config__ = ConfigDict(allow_inf_nan=False)  # type: ignore[attr-defined]
 
 
 class StateEvent(_Record):
@@ -157,10 +162,6 @@ class MetricsEvent(_Record):
     type: Literal["metrics"] = "metrics"
     t: Time
     tasks: Annotated[dict[TaskName, TaskSample], Field(max_length=TASKS_MAX)]
-
-    def tasks_wire(self) -> dict[str, dict[str, Any]]:
-        """The samples as the monitor and state.json keep them (the wire's keys, "cpu (%)" ...)."""
-        return {name: s.model_dump(mode="json", by_alias=True) for name, s in self.tasks.items()}
 
 
 class LogEvent(_Record):

@@ -190,7 +190,7 @@ class JobView:
             if ev.logs is not None:
                 self.epoch_logs.append({**ev.logs, "epoch": ev.epoch, "t": ev.t})
         elif isinstance(ev, MetricsEvent):
-            self.metrics.append({"t": ev.t, "tasks": ev.tasks_wire()})
+            self.metrics.append({"t": ev.t, "tasks": ev.tasks})
         elif isinstance(ev, LogEvent):
             self.logs.extend(ev.lines)
         return True

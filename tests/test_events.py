@@ -135,7 +135,7 @@ def test_a_real_samplers_output_is_a_metrics_record_unchanged() -> None:
         time.sleep(0.2)
         sample = s.sample()
         rec = parse(sample)
-        assert isinstance(rec, MetricsEvent) and rec.tasks["worker-0"].rss > 1
+        assert isinstance(rec, MetricsEvent) and rec.tasks["worker-0"]["rss (MiB)"] > 1
         assert to_wire(rec) == json.loads(wire.dumps(sample))
     finally:
         proc.kill()

@@ -206,7 +206,8 @@ class Supervisor:
                 code = code if code in (Reason.INTERRUPTED, Reason.STOPPED) else Reason.STOPPED
                 self.request_stop(code.sentence(), code)
                 return
-            writer.write(events.dumps(to_wire(SnapshotEvent(view=self.view.to_dict()))))
+            # its own view, folded from checked records: sent without checking it again (one per poll)
+            writer.write(events.dumps(to_wire(SnapshotEvent.model_construct(view=self.view.to_dict()))))
             await writer.drain()
             if op == "watch" and not self.view.finished:
                 self.watchers.add(writer)
@@ -354,7 +355,7 @@ class Supervisor:
 
     def _enforce_memory(self, sample: MetricsEvent) -> None:
         for name, rec in sample.tasks.items():
-            rss = rec.rss
+            rss = rec.get("rss (MiB)")
             if rss is not None:
                 role = tf_config.split_task(name)[0]
                 self.peaks_mib[role] = max(self.peaks_mib.get(role, 0.0), float(rss))
@@ -363,7 +364,7 @@ class Supervisor:
         if not limit:
             return
         for name, rec in sample.tasks.items():
-            rss = rec.rss
+            rss = rec.get("rss (MiB)")
             task = self.tasks.get(name)
             if (
                 rss is not None
