@@ -18,7 +18,7 @@ import pytest
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
 from tfdist.kube import status as st
-from tfdist.runtime import psrecovery, psrestart
+from tfdist.runtime import pspod, psrecovery, psrestart
 from tfdist.runtime.pspod import PsWatch, ps_addresses
 
 
@@ -167,6 +167,33 @@ def test_a_cell_error_with_every_ps_answering_is_not_a_ps_loss(ps, tmp_path):
     w = PsWatch(5, str(tmp_path), {"ps-0": ("127.0.0.1", ps.port)}, lambda e: None)
     assert w.resume(0) is False
     assert w.resume(1) is False and w.restarts == 0
+
+
+def test_after_a_ps_restart_a_coordinator_cut_off_from_the_cluster_is_started_again(
+    ps, tmp_path, monkeypatch
+):
+    """A server's channel may still point at the old PS address for a while: TensorFlow's connection error
+    then ends the resumed coordinator, and it is resumed once more within the restart budget. The same
+    error in a job that never lost a PS, or the cell's own error, ends the job as without checkpoints."""
+    monkeypatch.setattr(pspod, "CUT_OFF_PAUSE_S", 0.1)
+    events: list[dict] = []
+    w = PsWatch(5, str(tmp_path), {"ps-0": ("127.0.0.1", ps.port)}, events.append)
+    error = tmp_path / "error.json"
+    error.write_text('{"type": "CancelledError", "message": "RemoteExecuteNode::RunAsync"}')
+    assert w.resume(1) is False  # no PS was lost before: as without checkpoints
+    w.restarts = 1
+    error.write_text('{"type": "ValueError", "message": "the cell\'s own"}')
+    assert w.resume(1) is False and w.restarts == 1
+    error.write_text('{"type": "CancelledError", "message": "RemoteExecuteNode::RunAsync"}')
+    assert w.resume(1) is True and w.restarts == 2 and not error.exists()
+    logs = [line for e in events if e["type"] == "log" for _, line in e["lines"]]
+    assert (
+        "lost its connection to the cluster (CancelledError); restarting it" in logs[0] and "(2/3)" in logs[0]
+    )
+    w.restarts = psrestart.MAX_PS_RESTARTS
+    error.write_text('{"type": "UnavailableError", "message": "Socket closed"}')
+    assert w.resume(1) is False
+    assert "(UnavailableError) again after 3 restarts" in json.loads(error.read_text())["message"]
 
 
 def test_a_ps_lost_after_its_restarts_ends_the_job_saying_so(ps, tmp_path):

@@ -26,6 +26,11 @@ from . import psrecovery, psrestart
 PROBE_EVERY_S = 1.0
 LOST_AFTER = 2  # consecutive failed probes of a PS that answered before
 RETURN_WAIT_S = 600.0  # how long a lost PS may take to come back (scheduled, image, TensorFlow imported)
+# A coordinator resumed after a PS came back may still find a server's channel to the old PS address (a
+# new pod has a new IP; gRPC re-resolves DNS at most every 30 s by default): TensorFlow's connection errors
+# then end it, and it is started once more (within the same restart budget) after this pause.
+CONNECTION_ERRORS = ("CancelledError", "UnavailableError", "AbortedError")
+CUT_OFF_PAUSE_S = 10.0
 
 Emit = Callable[[dict[str, Any]], None]
 Probe = Callable[[str, int], bool]
@@ -134,17 +139,29 @@ class PsWatch:
                 if self.lost:
                     break
                 time.sleep(PROBE_EVERY_S)
+        cut_off = None
         if not self.lost:
-            return False
+            kind = self._error_type()
+            if not self.restarts or kind not in CONNECTION_ERRORS:
+                return False  # the cell's own error, or a job that never lost a PS: as without checkpoints
+            cut_off = f"the resumed coordinator lost its connection to the cluster ({kind})"
         lost, self.lost = dict(self.lost), {}
         if self.restarts >= psrestart.MAX_PS_RESTARTS:
-            names = ", ".join(sorted(lost))
+            what = cut_off or f"parameter server {', '.join(sorted(lost))} was lost"
             self._fail(
-                f"parameter server {names} was lost again after {self.restarts} restarts "
+                f"{what} again after {self.restarts} restarts "
                 f"(--checkpoint-every allows {psrestart.MAX_PS_RESTARTS}); the job ends"
             )
             return False
         self.restarts += 1
+        if cut_off:
+            line = (
+                f"tfdist: {cut_off}; restarting it, which resumes from the last checkpoint "
+                f"({self.restarts}/{psrestart.MAX_PS_RESTARTS})"
+            )
+            print(line, flush=True)
+            self.emit({"type": "log", "lines": [["chief-0", line]]})
+            time.sleep(CUT_OFF_PAUSE_S)  # the servers' channels re-resolve the restarted PS's new address
         for task, how in sorted(lost.items()):
             line = psrestart.restart_line(task, how, self.every, self.restarts)
             print(line, flush=True)
@@ -167,12 +184,20 @@ class PsWatch:
             if meta
             else "the start (no checkpoint was written yet)"
         )
-        line = f"tfdist: the parameter servers answer again after {back:.1f}s; the coordinator resumes from "
-        line += where
+        line = f"tfdist: the parameter servers answer after {back:.1f}s; the coordinator resumes from {where}"
+        if cut_off:
+            line = f"tfdist: the coordinator resumes from {where}"
         print(line, flush=True)
         self.emit({"type": "log", "lines": [["chief-0", line]]})
         self.emit({"type": "task", "task": "chief-0", "state": "restarting", "restarts": self.restarts})
         return True
+
+    def _error_type(self) -> str:
+        try:
+            with open(os.path.join(self.jobdir, "error.json")) as f:
+                return str(json.load(f).get("type") or "")
+        except (OSError, ValueError, AttributeError):
+            return ""
 
     def _wait_back(self) -> bool:
         deadline = time.time() + self.return_wait_s
