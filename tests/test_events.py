@@ -352,3 +352,32 @@ def test_pod_derived_events_are_records_whatever_the_cluster_says() -> None:
     assert isinstance(parse(done), StateEvent) and done["error"]["type"] == "PodFailed"
     v = st.view("j", None, [pod("chief", "0", "DeadlineExceeded")], None, time.time())
     assert v.state == "failed" and v.dropped == 0
+
+
+async def test_a_pods_malformed_events_stop_at_the_agent_client(tmp_path) -> None:
+    """The real agent relays whatever its pods sent; the kernel's client yields only checked events
+    (the first malformed one said once in the log), and the stream still ends at the final state."""
+    import socket
+
+    from tfdist.kube.agent_client import AgentClient
+    from tfdist.runtime.agent import AgentState, serve
+
+    token = "job-token-0123456789"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = AgentState(str(tmp_path), token)
+    srv = serve(state, port, host="127.0.0.1")
+    client = AgentClient(f"http://127.0.0.1:{port}", token, retry_for=5)
+    try:
+        for e in [{"type": "progress", "phase": "fit", "epoch": 1}, *(b for b, _ in MALFORMED[:11])]:
+            state.log.add(e)
+        state.log.add({"type": "state", "state": "succeeded", "message": "finished", "t": 5.0})
+        got = [e async for e in client.events()]
+    finally:
+        await client.close()
+        srv.shutdown()
+    assert [e["type"] for e in got] == ["progress", "log", "state"]
+    assert "ignored a malformed event from the job's agent" in got[1]["lines"][0][1]
+    v = JobView(name="j")
+    assert all(v.apply(e) for e in got) and v.state == "succeeded" and v.dropped == 0

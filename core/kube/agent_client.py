@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import BackendUnavailable, TfdistError
+from ..events import EventError, LogEvent, StateEvent, parse, to_wire
 from . import signing
 
 TRANSIENT_STATUS = (502, 503, 504)
@@ -117,16 +118,29 @@ class AgentClient:
             raise BackendUnavailable(f"the coordinator refused the payload ({status}): {data[:200]!r}")
 
     async def events(self, start: int = 0) -> AsyncIterator[dict[str, Any]]:
-        """Every event from `start` on, until the job's final state."""
+        """Every event from `start` on, until the job's final state, as checked wire dicts.
+
+        The agent relays what the job's pods sent: each event is parsed here, where it enters the
+        kernel, so the backend's watch never reads an unchecked one; a malformed one is dropped, and the
+        first of them is said in the job's log."""
         i = start
+        said = False
         while True:
             _, body = await self.request("GET", f"/events?from={i}", timeout=30.0)
             data = json.loads(body)
             i = max(i, data.get("first", i))  # events older than the agent's ring were dropped
-            for ev in data["events"]:
+            for raw in data["events"]:
                 i += 1
-                yield ev
-                if ev.get("type") == "state" and ev.get("state") in ("succeeded", "failed"):
+                try:
+                    ev = parse(raw)
+                except EventError as exc:
+                    if not said:
+                        said = True
+                        why = f"tfdist: ignored a malformed event from the job's agent ({exc})"
+                        yield to_wire(LogEvent(lines=[("tfdist", why)]))
+                    continue
+                yield to_wire(ev)
+                if isinstance(ev, StateEvent) and ev.state in ("succeeded", "failed"):
                     return
 
     async def result(self) -> bytes | None:
