@@ -254,11 +254,13 @@ def parse(data: Any) -> Event:
 
 
 def _describe(exc: ValidationError) -> str:
-    """The first few problems, each as `field.path: what is wrong`, bounded (a key may be huge)."""
-    parts = []
-    for err in exc.errors(include_input=False, include_url=False)[:3]:
-        where = ".".join(str(p) if len(str(p)) <= 40 else f"<{len(str(p))} characters>" for p in err["loc"])
-        where = where or "event"
-        parts.append(f"{where}: {err['msg'][:160]}")
-    more = exc.error_count() - len(parts)
+    """The first few problems, each as `field.path: what is wrong`, bounded (a key may be huge). A number
+    tried as int, then float, is one problem: the last word (the float's) is kept."""
+    found: dict[str, str] = {}
+    for err in exc.errors(include_input=False, include_url=False):
+        loc = err["loc"][:-1] if err["loc"][-1:] in (("int",), ("float",)) else err["loc"]
+        where = ".".join(str(p) if len(str(p)) <= 40 else f"<{len(str(p))} characters>" for p in loc)
+        found[where or "event"] = err["msg"][:160]
+    parts = [f"{where}: {msg}" for where, msg in list(found.items())[:3]]
+    more = len(found) - len(parts)
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
