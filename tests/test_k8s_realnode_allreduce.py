@@ -128,3 +128,54 @@ def test_digits_trains_with_allreduce_in_real_pods_and_leaves_nothing(
         )
     finally:
         k.shutdown()
+
+
+@pytest.mark.timeout(1200)
+def test_allreduce_faults_on_real_pods(real_cluster, job_image, tenants, tmp_path):
+    """One kernel, two jobs: a worker pod deleted mid-fit ends the job naming that worker (MWMS cannot take
+    it back; the Job controller does not replace it) and nothing of it is left; an interrupted cell leaves
+    no pod within 15 s."""
+    ann = tenants("arcy")
+    ns = ann.namespace
+    start_notebook_pod(real_cluster, ann)
+    k = digits_kernel(ann, job_image, tmp_path)
+    try:
+        # 1. worker-0's pod deleted mid-fit
+        since = k.mark()
+        cell = k.submit(allreduce_line("arlost").replace("epochs=8", "epochs=200"))
+        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        (victim,) = job_pods(real_cluster, ns, "arlost", "worker")
+        real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
+        t0 = time.monotonic()
+        r = k.wait(cell, timeout=300)
+        t_cell = time.monotonic() - t0
+        # said by the pod watch (worker-0's pod failed) or by chief-0 (its collective lost worker-0)
+        assert r.error is not None and "all-reduce worker worker-0" in r.error_text, r.error_text or r.text
+        assert "cannot finish a step without it" in r.error_text, r.error_text
+        replacements = [
+            p
+            for p in job_pods(real_cluster, ns, "arlost", "worker")
+            if p["metadata"]["uid"] != victim["metadata"]["uid"]
+        ]
+        assert not replacements, "an all-reduce worker was replaced"
+        took = wait_gone(real_cluster, ns, "arlost", 150)
+        print(
+            f"\nall-reduce worker pod deleted -> the cell failed {t_cell:.1f}s later; nothing of the job "
+            f"left {time.monotonic() - t0:.1f}s after the deletion ({took:.1f}s after the cell ended)"
+        )
+
+        # 2. the cell interrupted: every pod gone within 15 s
+        since = k.mark()
+        cell = k.submit(allreduce_line("arstop").replace("epochs=8", "epochs=200"))
+        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        t0 = time.monotonic()
+        k.km.interrupt_kernel()
+        wait_for("the interrupted job's pods gone", lambda: not job_pods(real_cluster, ns, "arstop"), 15)
+        print(f"interrupt -> all-reduce pods gone: {time.monotonic() - t0:.1f}s")
+        r = k.wait(cell, timeout=120)
+        assert r.error and "tfdist job arstop interrupted; all its processes were ended" in r.error_text, (
+            r.error_text
+        )
+        wait_gone(real_cluster, ns, "arstop", 30)
+    finally:
+        k.shutdown()

@@ -220,3 +220,27 @@ def test_a_worker_pod_runs_nothing_an_impostor_sends(tmp_path):
     assert out.returncode == 3, out
     assert "without the job's signature; not running it" in out.stdout, out.stdout
     assert "running the cell" not in out.stdout
+
+
+def test_a_collective_aborted_by_a_lost_replica_names_it():
+    from tfdist.runtime.allreduce import peer_lost
+
+    unhealthy = {
+        "type": "UnavailableError",
+        "message": "Collective ops is aborted by: Error reported from /job:worker/task:0: The following "
+        "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:1\nThe tasks have "
+        "crashed.",
+        "traceback": "Traceback (on the coordinator):\n  cell, line 1",
+    }
+    err = peer_lost(unhealthy, "chief-0")
+    assert err is not None and err["reason"] == "task-failed" and err["type"] == "WorkerLost"
+    assert err["message"].startswith("all-reduce worker worker-1 stopped"), err
+    assert err["traceback"] == unhealthy["traceback"]
+    reset = {
+        "message": "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC "
+        "error information from remote target /job:chief/replica:0/task:0 while calling RecvBuf"
+    }
+    assert peer_lost(reset, "worker-0")["message"].startswith("all-reduce worker chief-0 stopped")
+    assert peer_lost(reset, "chief-0")["message"].startswith("an all-reduce replica stopped")
+    # the cell's own errors stay what they are
+    assert peer_lost({"type": "ValueError", "message": "shapes (3,) and (4,) differ"}, "chief-0") is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from tfdist import tf_config
 from tfdist.jobview import Reason
@@ -34,5 +35,29 @@ def worker_failure(jobdir: str, task: str, how: str) -> dict[str, str]:
         "type": "WorkerLost",
         "message": f"all-reduce worker {task} {how}; the other workers cannot finish a step without it",
         "traceback": "",
+        "reason": Reason.TASK_FAILED.value,
+    }
+
+
+# TensorFlow names the replica a collective lost: "The following tasks are unhealthy (stopped sending
+# heartbeats):\n/job:worker/replica:0/task:0", or "... from remote target /job:chief/replica:0/task:0"
+_PEER = re.compile(r"/job:(chief|worker)/replica:\d+/task:(\d+)")
+_LOST = ("Collective ops is aborted", "unhealthy", "Connection reset by peer", "Socket closed")
+
+
+def peer_lost(err: dict, me: str) -> dict | None:
+    """The cell's error as a lost replica's (`task-failed`, naming it) when TensorFlow aborted a collective
+    because another replica went away; None for any other error. On Kubernetes the chief says this before
+    the pod watch sees the worker's pod fail, so both say the same."""
+    message = str(err.get("message", ""))
+    if not any(m in message for m in _LOST):
+        return None
+    peers = [f"{r}-{i}" for r, i in _PEER.findall(message) if f"{r}-{i}" != me]
+    who = f"all-reduce worker {peers[0]}" if peers else "an all-reduce replica"
+    return {
+        "type": "WorkerLost",
+        "message": f"{who} stopped (its pod or process ended); the other workers cannot finish a step "
+        "without it",
+        "traceback": err.get("traceback", ""),
         "reason": Reason.TASK_FAILED.value,
     }

@@ -26,6 +26,10 @@ def coordinator_outcome(jobdir: str, code: int | None, ended: str | None = None)
     try:
         with open(os.path.join(jobdir, "error.json")) as f:
             err = json.load(f)
+        if os.environ.get("TFDIST_STRATEGY") == "allreduce":  # chief-0's replica lost a peer: say which
+            from .allreduce import peer_lost
+
+            err = peer_lost(err, os.environ.get("TFDIST_TASK", "chief-0")) or err
         return Outcome("failed", f"{err['type']}: {str(err['message'])[:300]}", err)
     except (OSError, ValueError, KeyError, TypeError):
         pass
