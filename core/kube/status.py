@@ -116,9 +116,10 @@ def outcome(tasks: TaskStates, strategy: str = "ps") -> dict[str, Any] | None:
     }
     lost = sorted(t for t in failed if t.startswith("worker")) if strategy == "allreduce" else []
     if lost and not (chief and chief[0] == "failed"):
+        detail = f" ({failed[lost[0]]})" if failed[lost[0]] not in ("", "failed") else ""
         why = (
-            f"all-reduce worker {lost[0]} failed ({failed[lost[0]]}); the other workers cannot finish a "
-            "step without it (its log says why)"
+            f"all-reduce worker {lost[0]} failed{detail}; the other workers cannot finish a step without it "
+            "(its log says why)"
         )
         return _final(
             "failed", why, ErrorInfo(type="WorkerLost", message=_text(why), reason=Reason.TASK_FAILED.value)
