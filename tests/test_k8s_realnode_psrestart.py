@@ -10,10 +10,12 @@ of the job is left afterwards.
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 
 import pytest
 
+from tests import realnode
 from tests.realnode_jobs import (
     digits_kernel,
     epochs_shown,
@@ -34,12 +36,32 @@ pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 EPOCHS = 16
 
 
+def follow_logs(ns: str, pods: list[dict], where) -> list[subprocess.Popen]:
+    """`kubectl logs -f` of each pod into a file: what the coordinator and workers said, even once the job's
+    pods are deleted (printed when the cell fails)."""
+    state = realnode.load_state()
+    kubectl = str(realnode.plane_bin_dir() / "kubectl")
+    out = []
+    for p in pods:
+        name = p["metadata"]["name"]
+        with open(where / f"{name}.log", "w") as f:
+            out.append(
+                subprocess.Popen(
+                    [kubectl, "--kubeconfig", state["kubeconfig"], "logs", "-f", "-n", ns, name],
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return out
+
+
 @pytest.mark.timeout(1500)
 def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image, tenants, tmp_path):  # noqa: F811
     tenant = tenants("psr")
     ns = tenant.namespace
     start_notebook_pod(real_cluster, tenant)
     k = digits_kernel(tenant, job_image, tmp_path)
+    followers: list[subprocess.Popen] = []
     try:
         since = k.mark()
         line = run_line("psback", "--checkpoint-every 10").replace("epochs=8", f"epochs={EPOCHS}")
@@ -52,8 +74,13 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
         )
         assert ps_job["spec"]["backoffLimitPerIndex"] == 3 and ps_job["spec"]["maxFailedIndexes"] == 0
         wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
-        shown_before = epochs_shown(k.widget_texts(since))
+        assert epochs_shown(k.widget_texts(since)) < EPOCHS - 4  # the PS goes mid-fit
         (victim,) = job_pods(real_cluster, ns, "psback", "ps")
+        logs = tmp_path / "pod-logs"
+        logs.mkdir()
+        pods = job_pods(real_cluster, ns, "psback")
+        others = [p for p in pods if p["metadata"]["labels"][mf.L_ROLE] != "ps"]
+        followers += follow_logs(ns, others, logs)
         real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
         t0 = time.monotonic()
 
@@ -64,7 +91,18 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
                 if p["metadata"]["uid"] != victim["metadata"]["uid"]
             ]
 
-        (new_ps,) = wait_for("ps-0 replaced by the PS Job", replacement, 180)
+        try:
+            (new_ps,) = wait_for("ps-0 replaced by the PS Job", replacement, 180)
+        except AssertionError as exc:  # say why: the node's 2 cores may be held by another job's pods
+            states = [
+                (
+                    p["metadata"]["name"],
+                    p.get("status", {}).get("phase"),
+                    p.get("status", {}).get("conditions"),
+                )
+                for p in job_pods(real_cluster, ns, "psback", "ps")
+            ]
+            raise AssertionError(f"{exc}; the PS pods: {states}") from None
         t_pod = time.monotonic() - t0
         assert new_ps["spec"]["hostname"] == victim["spec"]["hostname"] == "psback-ps-0"
         wait_for(
@@ -73,21 +111,19 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
             300,
         )
         t_resumed = time.monotonic() - t0
-        wait_for(
-            "an epoch after the restart",
-            lambda: epochs_shown(k.widget_texts(since)) > shown_before or k.idle_after(cell),
-            600,
-        )
-        t_epoch = time.monotonic() - t0
         r = k.wait(cell, timeout=900)
+        t_end = time.monotonic() - t0
+        if r.error is not None:
+            for f in sorted(logs.iterdir()):  # what the coordinator pod said
+                print(f"--- {f.name}\n" + "\n".join(f.read_text().splitlines()[-40:]))
         assert r.error is None, r.error_text
         texts = k.widget_texts(since)
         said = [t for t in texts if "parameter server ps-0" in t]
         assert said and "restarting it and the coordinator" in said[-1], texts[-5:]
-        back = [m for t in texts for m in re.findall(r"answer again after ([0-9.]+)s", t)]
+        back = [m for t in texts for m in re.findall(r"answer after ([0-9.]+)s", t)]
         print(
             f"\nPS pod deleted -> new PS pod running {t_pod:.1f}s, coordinator resumed {t_resumed:.1f}s "
-            f"(lost -> answering again {back[-1] if back else '?'}s in the pod), next epoch {t_epoch:.1f}s;"
+            f"(lost -> answering again {back[-1] if back else '?'}s in the pod), cell ended {t_end:.1f}s;"
             f" ps-0 restarts shown {max(restarts_shown(texts, 'ps-0') or [0])}"
         )
         r = k.run("print('epochs', len(history.history['loss']), history.epoch)")
@@ -100,4 +136,7 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
         assert not job_pods(real_cluster, ns, "psback", "ps")
         assert mf.A_PS_RESTARTS in (new_ps["metadata"].get("annotations") or {})
     finally:
+        for proc in followers:
+            proc.kill()
+            proc.wait()
         k.shutdown()
