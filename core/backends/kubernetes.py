@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import JobSpecError, NoSuchJob, TfdistError
+from ..events import ErrorInfo, SnapshotEvent, StateEvent, to_wire
 from ..jobspec import JobSpec
 from ..jobview import TERMINAL, JobView
 from ..kube import lifeline, records, transport
@@ -280,7 +281,7 @@ class KubernetesBackend(Backend):
         """Pod events (scheduling, task states) merged with the coordinator agent's (progress, metrics,
         logs) once the payload is delivered. Reads only: the cluster runs the job."""
         view = await self.status(name)
-        yield {"type": "snapshot", "view": view.to_dict()}
+        yield to_wire(SnapshotEvent(view=view.to_dict()))
         if view.finished:
             return
         q: asyncio.Queue = asyncio.Queue()
@@ -293,13 +294,14 @@ class KubernetesBackend(Backend):
                 raise
             except Exception as exc:  # never leave the cell waiting on a dead watcher
                 await q.put(
-                    {
-                        "type": "state",
-                        "state": "failed",
-                        "t": time.time(),
-                        "message": f"{what}: {exc}",
-                        "error": {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
-                    }
+                    to_wire(
+                        StateEvent(
+                            state="failed",
+                            t=time.time(),
+                            message=f"{what}: {exc}"[:4096],
+                            error=ErrorInfo(type=type(exc).__name__[:200], message=str(exc)[:4096]),
+                        )
+                    )
                 )
 
         workers = [asyncio.ensure_future(pump(self._pod_events(name, view), "lost track of the job's pods"))]

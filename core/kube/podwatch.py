@@ -1,6 +1,7 @@
 """Following a job's pods: list, then watch from the list's resourceVersion, as task / state / log events
-(tfdist.kube.status derives them). Reads only; resumes after API server restarts, relists on 410, and ends
-with the job's verdict: its outcome, "deleted in the cluster", or not running within --timeout."""
+(tfdist.events records, sent as wire dicts; tfdist.kube.status derives them). Reads only; resumes after API
+server restarts, relists on 410, and ends with the job's verdict: its outcome, "deleted in the cluster",
+or not running within --timeout."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from ..events import ErrorInfo, EventError, LogEvent, StateEvent, TaskEvent, to_wire
 from . import status as st
 from .cluster import KubeApi
 
@@ -50,16 +52,19 @@ class PodWatch:
             if old is None or old == pod_name:
                 return []
             n = restarts[task] = restarts.get(task, 0) + 1
-            return [
-                {"type": "task", "task": task, "state": "restarting", "restarts": n},
-                {"type": "log", "lines": [[task, f"tfdist: {task} pod replaced by the cluster ({n})"]]},
-            ]
+            try:
+                return [
+                    to_wire(TaskEvent(task=task, state="restarting", restarts=n)),
+                    to_wire(LogEvent(lines=((task, f"tfdist: {task} pod replaced by the cluster ({n})"),))),
+                ]
+            except EventError:  # a pod labelled with no task name of ours: nothing to say about it
+                return []
 
         def running() -> list[dict[str, Any]]:
             nonlocal started_all
             if not started_all and st.servers_running(tasks, self.expected):
                 started_all = True
-                return [{"type": "state", "state": "running", "message": "all tasks running"}]
+                return [to_wire(StateEvent(state="running", message="all tasks running"))]
             return []
 
         while True:
@@ -82,12 +87,7 @@ class PodWatch:
                     yield ev
                 done = st.outcome(tasks)
                 if done is None and not pods and await self._root_gone():
-                    done = {
-                        "type": "state",
-                        "state": "stopped",
-                        "message": "no objects left",
-                        "t": time.time(),
-                    }
+                    done = to_wire(StateEvent(state="stopped", message="no objects left", t=time.time()))
                 if done:  # it ended while nobody watched
                     yield done
                     return
@@ -127,13 +127,14 @@ class PodWatch:
                         if item["type"] == "DELETED" and not tasks and await self._root_gone():
                             # every pod and the root gone while running: deleted by someone else, or with
                             # the notebook pod that owned it (the agent's stream would only time out)
-                            yield {
-                                "type": "state",
-                                "state": "stopped",
-                                "message": "the job was deleted in the cluster (with its notebook server, "
-                                "or by someone else); nothing of it is left",
-                                "t": time.time(),
-                            }
+                            yield to_wire(
+                                StateEvent(
+                                    state="stopped",
+                                    message="the job was deleted in the cluster (with its notebook server, "
+                                    "or by someone else); nothing of it is left",
+                                    t=time.time(),
+                                )
+                            )
                             return
                         done = st.outcome(tasks)
                         if done:
@@ -169,10 +170,11 @@ class PodWatch:
             )
         if self.on_timeout is not None:
             await self.on_timeout()
-        return {
-            "type": "state",
-            "state": "failed",
-            "t": time.time(),
-            "message": f"not running within --timeout {self.timeout_s:g}s; deleted. {reasons}".strip(),
-            "error": {"type": "Unschedulable", "message": reasons, "traceback": ""},
-        }
+        return to_wire(
+            StateEvent(
+                state="failed",
+                t=time.time(),
+                message=f"not running within --timeout {self.timeout_s:g}s; deleted. {reasons}".strip(),
+                error=ErrorInfo(type="Unschedulable", message=reasons),
+            )
+        )
