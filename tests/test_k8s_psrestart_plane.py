@@ -1,0 +1,67 @@
+"""A PS that comes back, against a real API server and Job controller (kwok nodes: no container runs, so
+no coordinator resumes here; that is tests/test_k8s_realnode_psrestart.py): with --checkpoint-every the
+objects the backend creates carry the restart policy and the coordinator's setting, and a failed PS pod is
+replaced at its index while the kernel's watch shows it restarting, not the job's end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.test_k8s_backend import backend, get, private_agent_port, spec, wait_gone  # noqa: F401
+from tfdist.backends.base import Launch
+from tfdist.kube import manifests as mf
+from tfdist.runtime import psrecovery
+
+pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
+
+
+async def test_a_failed_ps_pod_is_replaced_and_the_job_goes_on(k8s_plane, k8s_namespace):
+    ns = k8s_namespace
+    b = backend(k8s_plane, ns)
+    try:
+        await b.submit(spec("psback", ns, workers=1, checkpoint_every=5), b"p", Launch())
+        root = get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs/psback")
+        env = {e["name"]: e.get("value") for e in root["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env[psrecovery.ENV_EVERY] == "5"
+        ps_job = get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs/psback-ps")
+        assert ps_job["spec"]["backoffLimitPerIndex"] == 3 and ps_job["spec"]["maxFailedIndexes"] == 0
+        assert ps_job["spec"]["podReplacementPolicy"] == "TerminatingOrFailed"
+        events: list[dict] = []
+
+        async def follow():
+            async for ev in b.watch("psback"):
+                events.append(ev)
+
+        task = asyncio.ensure_future(follow())
+        deadline = time.time() + 60
+        while not any(e.get("type") == "state" and e.get("state") == "running" for e in events):
+            assert time.time() < deadline, events[-5:]
+            await asyncio.sleep(0.2)
+        n_before = len(events)
+        k8s_plane.kubectl(
+            "-n", ns, "label", "pod", "-l", f"{mf.L_JOB}=psback,{mf.L_ROLE}=ps", "sim.tfdist.io/outcome=fail"
+        )
+        deadline = time.time() + 60
+        while not [
+            e
+            for e in events[n_before:]
+            if e.get("type") == "task" and e["task"] == "ps-0" and e["state"] == "running"
+        ]:
+            assert time.time() < deadline, events[-8:]
+            await asyncio.sleep(0.2)
+        after = events[n_before:]
+        assert any(
+            e.get("type") == "task" and e["task"] == "ps-0" and e["state"] == "restarting" for e in after
+        )
+        assert not [e for e in after if e.get("type") == "state" and e["state"] in ("failed", "stopped")], (
+            after
+        )
+        assert (await b.status("psback")).state == "running"
+        task.cancel()
+        assert await b.stop("psback")
+        await wait_gone(k8s_plane, ns, "psback", 30)
+    finally:
+        await b.close()
