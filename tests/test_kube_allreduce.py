@@ -114,3 +114,24 @@ def test_objects_have_no_ps_and_one_worker_has_no_worker_job():
             if e["name"] == "TFDIST_CLUSTER"
         )
     ) == {"chief": ["ar-chief-0.ar.ns.svc:2222"]}
+
+
+def test_policy_lets_the_replicas_reach_each_other_and_the_agent_and_nobody_else():
+    """Every replica's pod matches the job's policy selector: they reach each other's TF port and chief-0's
+    agent (the workers fetch the cell there); the owner's notebook reaches only the agent."""
+    nb = mf.notebook_pod_labels("ann")
+    (pol,) = [
+        o for o in allreduce.job_objects(SPEC, token="t", notebook_labels=nb) if o["kind"] == "NetworkPolicy"
+    ]
+    same_job = {"podSelector": {"matchLabels": mf.selector(SPEC)}}
+    assert pol["spec"]["podSelector"] == same_job["podSelector"] and pol["spec"]["policyTypes"] == ["Ingress"]
+    by_port = {r["ports"][0]["port"]: r["from"] for r in pol["spec"]["ingress"]}
+    assert by_port == {
+        mf.TF_PORT: [same_job],
+        mf.AGENT_PORT: [same_job, {"podSelector": {"matchLabels": nb}}],
+    }
+    worker = allreduce.worker_job(SPEC, None)
+    for template in (allreduce.root_job(SPEC, None)["spec"]["template"], worker["spec"]["template"]):
+        labels = template["metadata"]["labels"]
+        assert mf.selector(SPEC).items() <= labels.items(), labels
+        assert not nb.items() <= labels.items()  # a replica is no notebook
