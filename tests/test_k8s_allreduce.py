@@ -119,3 +119,18 @@ async def test_refused_allreduce_jobs_create_nothing(k8s_plane, k8s_namespace):
     for job in ("bad1", "bad2", "bad3"):
         assert left(k8s_plane, ns, job) == []
     assert job_pods(k8s_plane, ns, "bad3") == []
+
+
+async def test_one_replica_allreduce_job_is_the_root_alone(k8s_plane, k8s_namespace):
+    b = backend(k8s_plane, k8s_namespace)
+    ns = k8s_namespace
+    try:
+        await b.submit(ar("ar4", ns, workers=1), b"p", Launch())
+        evs = await collect(b, "ar4", lambda ev, _: ev.get("type") == "state" and ev["state"] == "running")
+        assert {e["task"] for e in evs if e.get("type") == "task"} == {"chief-0"}
+        jobs = get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
+        assert [j["metadata"]["name"] for j in jobs] == ["ar4"]
+        assert await b.stop("ar4")
+        await wait_gone(k8s_plane, ns, "ar4", 30)
+    finally:
+        await b.close()
