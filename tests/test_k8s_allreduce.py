@@ -134,3 +134,61 @@ async def test_one_replica_allreduce_job_is_the_root_alone(k8s_plane, k8s_namesp
         await wait_gone(k8s_plane, ns, "ar4", 30)
     finally:
         await b.close()
+
+
+def test_the_magic_refuses_bad_allreduce_lines_in_one_sentence_and_creates_nothing(
+    k8s_plane, k8s_namespace, tmp_path
+):
+    """The same refusals through a real kernel with the Kubernetes backend: one sentence, no traceback, no
+    object; a good all-reduce line is accepted by the same kernel (its job created, then stopped)."""
+    from tests.conftest import SETUP_CODE
+    from tests.kernels import Kernel, kernel_env
+
+    ns = k8s_namespace
+    env = kernel_env(
+        str(tmp_path / "state"),
+        KUBECONFIG=k8s_plane.kubeconfig,
+        TFDIST_BACKEND="kubernetes",
+        TFDIST_NAMESPACE=ns,
+        TFDIST_USER="ann",
+        TFDIST_WORKER_IMAGE="example.org/tfdist-job:1",
+        TFDIST_AGENT_PORT=str(mf.AGENT_PORT),  # the private port: kwok's pod IPs may be real pods' here
+    )
+    fit = "history = model.fit(train_ds, epochs=1, steps_per_epoch=2)\n"
+    k = Kernel(env, cwd=str(tmp_path))
+    try:
+        assert k.execute(SETUP_CODE, timeout=240).error is None
+        for line, says in [
+            ("--strategy allreduce --ps 1 --name arbad1", "--ps 1 does not go with --strategy allreduce"),
+            (
+                "--strategy allreduce --checkpoint-every 5 --name arbad2",
+                "--checkpoint-every is for --strategy ps",
+            ),
+            ("--strategy allreduce --workers 0 --name arbad3", "--workers"),
+            ("--strategy mirrored --name arbad4", "mirrored"),
+        ]:
+            r = k.execute(f"%%tfdist run {line}\n{fit}", timeout=120)
+            assert r.error and says in r.error_text, (line, r.error_text)
+            assert "Traceback (most recent call last)" not in r.error_text + r.text, r.error_text
+        for job in ("arbad1", "arbad2", "arbad3", "arbad4"):
+            assert left(k8s_plane, ns, job) == []
+        # accepted: the job's root and worker Job exist (kwok runs no container: stop it from here)
+        r = k.execute(
+            f"%%tfdist run --strategy allreduce --workers 2 --name argood --detach\n{fit}", timeout=120
+        )
+        assert r.error is None and "started detached" in r.text, r.error_text or r.text
+        deadline = time.time() + 60
+        while sorted(o for o in left(k8s_plane, ns, "argood") if o.startswith("jobs/")) != [
+            "jobs/argood",
+            "jobs/argood-worker",
+        ]:
+            assert time.time() < deadline, left(k8s_plane, ns, "argood")
+            time.sleep(0.5)
+        r = k.execute("%tfdist stop argood", timeout=60)
+        assert r.error is None, r.error_text
+    finally:
+        k.shutdown()
+    deadline = time.time() + 30
+    while left(k8s_plane, ns, "argood"):
+        assert time.time() < deadline, left(k8s_plane, ns, "argood")
+        time.sleep(0.5)
