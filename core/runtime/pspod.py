@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..events import ErrorInfo, LogEvent, TaskEvent, to_wire
 from . import psrecovery, psrestart
 
 PROBE_EVERY_S = 1.0
@@ -160,13 +161,13 @@ class PsWatch:
                 f"({self.restarts}/{psrestart.MAX_PS_RESTARTS})"
             )
             print(line, flush=True)
-            self.emit({"type": "log", "lines": [["chief-0", line]]})
+            self.emit(to_wire(LogEvent(lines=(("chief-0", line),))))
             time.sleep(CUT_OFF_PAUSE_S)  # the servers' channels re-resolve the restarted PS's new address
         for task, how in sorted(lost.items()):
             line = psrestart.restart_line(task, how, self.every, self.restarts)
             print(line, flush=True)
-            self.emit({"type": "log", "lines": [[task, line]]})
-            self.emit({"type": "task", "task": task, "state": "restarting", "restarts": self.restarts})
+            self.emit(to_wire(LogEvent(lines=((task, line),))))
+            self.emit(to_wire(TaskEvent(task=task, state="restarting", restarts=self.restarts)))
         if not self._wait_back():
             self._fail(
                 f"parameter server {', '.join(sorted(lost))} did not come back within "
@@ -176,7 +177,7 @@ class PsWatch:
         back = time.time() - (self.lost_at or time.time())
         self.lost_at = None
         for task in sorted(lost):
-            self.emit({"type": "task", "task": task, "state": "running", "restarts": self.restarts})
+            self.emit(to_wire(TaskEvent(task=task, state="running", restarts=self.restarts)))
         psrestart.clear_leftovers(self.jobdir)
         meta = psrecovery.Recovery(self.every, self.coordinator_env()[psrecovery.ENV_DIR]).load_meta()
         where = (
@@ -188,8 +189,8 @@ class PsWatch:
         if cut_off:
             line = f"tfdist: the coordinator resumes from {where}"
         print(line, flush=True)
-        self.emit({"type": "log", "lines": [["chief-0", line]]})
-        self.emit({"type": "task", "task": "chief-0", "state": "restarting", "restarts": self.restarts})
+        self.emit(to_wire(LogEvent(lines=(("chief-0", line),))))
+        self.emit(to_wire(TaskEvent(task="chief-0", state="restarting", restarts=self.restarts)))
         return True
 
     def _error_type(self) -> str:
@@ -211,7 +212,7 @@ class PsWatch:
     def _fail(self, why: str) -> None:
         """The job's error, in place of the coordinator's own (a lost connection says less)."""
         print("tfdist: " + why, flush=True)
-        self.emit({"type": "log", "lines": [["chief-0", "tfdist: " + why]]})
-        err = {"type": "ParameterServerLost", "message": why, "traceback": ""}
+        self.emit(to_wire(LogEvent(lines=(("chief-0", "tfdist: " + why),))))
+        err = ErrorInfo(type="ParameterServerLost", message=why).model_dump()
         with open(os.path.join(self.jobdir, "error.json"), "w") as f:
             json.dump(err, f)

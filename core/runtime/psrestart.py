@@ -13,6 +13,7 @@ import contextlib
 import os
 from typing import Any
 
+from tfdist.events import TaskEvent
 from tfdist.jobspec import JobSpec
 from tfdist.runtime import psrecovery
 from tfdist.tf_config import TaskId
@@ -64,7 +65,7 @@ class PsRestart:
         sup.pending_logs.append((task.name, line))
         if task.log is not None:  # `%tfdist logs` shows it with the PS's own output
             task.log.write(line.encode() + b"\n")
-        sup.emit({"type": "task", "task": task.name, "state": "restarting", "restarts": self.restarts})
+        sup.emit(TaskEvent(task=task.name, state="restarting", restarts=self.restarts))
         task.restarts += 1
         task.killed_for = None
         await sup._spawn(task, "tfdist.runtime.task")
@@ -103,5 +104,5 @@ class PsRestart:
         sup.sampler.forget("chief-0")
         chief.restarts += 1
         chief.killed_for = None
-        sup.emit({"type": "task", "task": "chief-0", "state": "restarting", "restarts": chief.restarts})
+        sup.emit(TaskEvent(task="chief-0", state="restarting", restarts=chief.restarts))
         return True
