@@ -29,6 +29,11 @@ async def test_a_failed_ps_pod_is_replaced_and_the_job_goes_on(k8s_plane, k8s_na
         ps_job = get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs/psback-ps")
         assert ps_job["spec"]["backoffLimitPerIndex"] == 3 and ps_job["spec"]["maxFailedIndexes"] == 0
         assert ps_job["spec"]["podReplacementPolicy"] == "TerminatingOrFailed"
+        # the PS has a stable address: its own ClusterIP Service, named in every task's cluster spec
+        svc = get(k8s_plane, f"/api/v1/namespaces/{ns}/services/psback-ps-0")
+        assert svc["spec"]["clusterIP"] not in ("", "None")
+        assert svc["metadata"]["ownerReferences"][0]["uid"] == root["metadata"]["uid"]
+        assert f"psback-ps-0.{ns}.svc:{mf.TF_PORT}" in env["TFDIST_CLUSTER"], env["TFDIST_CLUSTER"]
         events: list[dict] = []
 
         async def follow():
@@ -60,6 +65,23 @@ async def test_a_failed_ps_pod_is_replaced_and_the_job_goes_on(k8s_plane, k8s_na
             after
         )
         assert (await b.status("psback")).state == "running"
+        # ... and the Service routes to the replacement PS pod, the only one it selects
+        ps_pods = get(
+            k8s_plane, f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3Dpsback,{mf.L_ROLE}%3Dps"
+        )
+        (new_ps,) = [p for p in ps_pods["items"] if p["status"].get("phase") == "Running"]
+
+        def routed() -> list[str]:
+            sel = "kubernetes.io%2Fservice-name%3Dpsback-ps-0"
+            slices = get(
+                k8s_plane, f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector={sel}"
+            )
+            return [a for s in slices["items"] for e in s.get("endpoints") or [] for a in e["addresses"]]
+
+        deadline = time.time() + 30
+        while routed() != [new_ps["status"]["podIP"]]:
+            assert time.time() < deadline, (routed(), new_ps["status"]["podIP"])
+            await asyncio.sleep(0.5)
         task.cancel()
         assert await b.stop("psback")
         await wait_gone(k8s_plane, ns, "psback", 30)

@@ -108,6 +108,12 @@ def task_job_name(spec: JobSpec, role: str) -> str:
 
 
 def task_host(spec: JobSpec, task: str) -> str:
+    """A task's DNS name: its pod's own name under the job's headless Service, except a PS that can come
+    back (--checkpoint-every): its own ClusterIP Service (`ps_service`), whose address stays the same when
+    the PS Job replaces the pod, so the workers' open channels reach the new pod (kube-proxy) instead of
+    the old pod's IP that gRPC would keep until it resolves the name again."""
+    if ps_comes_back(spec) and tf_config.split_task(task)[0] == "ps":
+        return f"{pod_name(spec, task)}.{spec.namespace}.svc"
     return f"{pod_name(spec, task)}.{spec.name}.{spec.namespace}.svc"
 
 
@@ -128,6 +134,21 @@ def service(spec: JobSpec, owner: dict | None) -> dict[str, Any]:
             "selector": selector(spec),
             "publishNotReadyAddresses": True,  # TF must resolve peers before they report ready
             "ports": [{"name": "tf", "port": TF_PORT}, {"name": "agent", "port": AGENT_PORT}],
+        },
+    }
+
+
+def ps_service(spec: JobSpec, task: str, owner: dict | None) -> dict[str, Any]:
+    """The stable address of one PS of a --checkpoint-every job (see `task_host`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(spec, pod_name(spec, task), owner),
+        "spec": {
+            # Indexed Job pods share one template: the Job controller's index label tells them apart
+            "selector": selector(spec) | {L_ROLE: "ps", L_INDEX: str(tf_config.split_task(task)[1])},
+            "publishNotReadyAddresses": True,  # routed as soon as the TF server's container runs
+            "ports": [{"name": "tf", "port": TF_PORT}],
         },
     }
 
@@ -376,5 +397,7 @@ def job_objects(
         network_policy(spec, root, notebook_labels),
     ]
     if spec.ps:
+        if ps_comes_back(spec):
+            objs += [ps_service(spec, f"ps-{i}", root) for i in range(spec.ps)]
         objs.append(task_job(spec, "ps", root, queue=queue))
     return objs
