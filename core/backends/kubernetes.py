@@ -30,7 +30,7 @@ from ..errors import JobSpecError, NoSuchJob, TfdistError
 from ..events import ErrorInfo, SnapshotEvent, StateEvent, to_wire
 from ..jobspec import JobSpec
 from ..jobview import TERMINAL, JobView
-from ..kube import lifeline, records, transport
+from ..kube import allreduce, lifeline, records, transport
 from ..kube import manifests as mf
 from ..kube import status as st
 from ..kube.agent_client import AgentClient
@@ -125,12 +125,24 @@ class KubernetesBackend(Backend):
         await self._check_quota(spec)
         token = secrets.token_urlsafe(32)
         retention = float(os.environ.get("TFDIST_RESULT_RETENTION_S") or DETACHED_RESULT_WAIT_S)
-        root = mf.root_job(
+        # all-reduce (tfdist.kube.allreduce): chief-0 is a replica too (GPUs, placement), no PS Job
+        build: Any = allreduce if spec.strategy == allreduce.STRATEGY else mf
+        placement = (
+            {
+                "node_selector": self.node_selector,
+                "tolerations": self.tolerations,
+                "gpu_resource": self.gpu_resource,
+            }
+            if build is allreduce
+            else {}
+        )
+        root = build.root_job(
             spec,
             self._owner(),
             queue=self.settings.kueue_queue,
             result_wait_s=retention if detach else None,
             lifeline_s=None if detach else self.lifeline_grace_s,
+            **placement,
         )
         created: list[dict[str, Any]] = []
         # All or nothing, also when the cell is interrupted half-way (CancelledError): the clean-up is
@@ -140,7 +152,7 @@ class KubernetesBackend(Backend):
             root = await self._create_translated(root, spec)
             created.append(root)
             owner = mf.root_reference(spec, root["metadata"]["uid"])
-            for obj in mf.job_objects(
+            for obj in build.job_objects(
                 spec,
                 token=token,
                 root=owner,
@@ -345,6 +357,7 @@ class KubernetesBackend(Backend):
             deadline=(job.created if job else view.created) + (job.spec.timeout_s if job else 600),
             timeout_s=job.spec.timeout_s if job else 600,
             on_timeout=(lambda: self.stop(name)) if job is not None else None,
+            strategy=job.spec.strategy if job else view.spec.get("strategy", "ps"),
         ).events()
 
     # ------------------------------------------------------------------ the rest of the interface

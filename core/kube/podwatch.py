@@ -30,6 +30,7 @@ class PodWatch:
     timeout_s: float
     # --timeout is the user's word: the backend deletes the job then (None: a job seen read-only)
     on_timeout: Callable[[], Awaitable[Any]] | None = None
+    strategy: str = "ps"  # all-reduce: a failed worker ends the job (tfdist.kube.status.outcome)
 
     async def _root_gone(self) -> bool:
         return await self.kube.read_job(self.name, self.namespace) is None
@@ -85,7 +86,7 @@ class PodWatch:
                 rv = body["metadata"]["resourceVersion"]
                 for ev in st.task_events(pods, tasks):
                     yield ev
-                done = st.outcome(tasks)
+                done = st.outcome(tasks, self.strategy)
                 if done is None and not pods and await self._root_gone():
                     done = to_wire(StateEvent(state="stopped", message="no objects left", t=time.time()))
                 if done:  # it ended while nobody watched
@@ -136,7 +137,7 @@ class PodWatch:
                                 )
                             )
                             return
-                        done = st.outcome(tasks)
+                        done = st.outcome(tasks, self.strategy)
                         if done:
                             yield done
                             return
