@@ -229,6 +229,20 @@ EVENT_TYPES = (StateEvent, TaskEvent, ProgressEvent, MetricsEvent, LogEvent, Sna
 _BY_TYPE: dict[str, type[BaseModel]] = {cls.model_fields["type"].default: cls for cls in EVENT_TYPES}
 
 
+def error_info(error: dict[str, Any] | None) -> ErrorInfo | None:
+    """A job's error (error.json, written by the user's cell) as a record; one that cannot be one (broken,
+    too long) is cut down to one that can, so it still ends the job with what it said."""
+    if not error:
+        return None
+    try:
+        return ErrorInfo.model_validate(error)
+    except ValueError:
+        text = {k: str(error.get(k) or "")[:65536] for k in ("type", "message", "traceback")}
+        return ErrorInfo(
+            type=text["type"][:200] or "Error", message=text["message"], traceback=text["traceback"]
+        )
+
+
 def to_wire(ev: Event) -> dict[str, Any]:
     """The event as its JSON object (for `tfdist.runtime.events.dumps`)."""
     return ev.model_dump(mode="json", by_alias=True)

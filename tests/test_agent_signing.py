@@ -233,3 +233,28 @@ async def test_the_agent_serves_many_long_polls_at_once_streams_a_large_result_a
         srv.shutdown()
         for c in clients:
             await c.close()
+
+
+async def test_a_job_pods_malformed_sample_is_refused_and_a_good_one_reaches_the_watchers(agent):
+    """A server pod posts its samples with the job's token, but a broken (or compromised) pod's body is
+    still checked: it never reaches the notebook's view."""
+    state, url = agent
+    client = AgentClient(url, TOKEN, retry_for=5)
+    bad = [
+        {"type": "metrics", "t": "soon", "tasks": {}},
+        {"type": "metrics", "t": 1.0, "tasks": {"worker-0": {"cpu (%)": float("nan")}}},
+        {"type": "metrics", "t": 1.0, "tasks": {"not a task": {}}},
+        {"type": "state", "state": "exploded"},
+    ]
+    try:
+        for body in bad:
+            status, data = await client.request("POST", "/metrics", json.dumps(body).encode())
+            assert status == 400 and b"not a metrics event" in data, (body, status, data)
+        good = {"type": "metrics", "t": 1.0, "tasks": {"worker-0": {"cpu (%)": 12.5, "gpus": []}}}
+        status, _ = await client.request("POST", "/metrics", json.dumps(good).encode())
+        assert status == 200
+        _, evs = await asyncio.to_thread(state.log.read, 0, 5.0)
+        merged = [e for e in evs if e.get("type") == "metrics"]
+        assert merged and merged[0]["tasks"] == {"worker-0": {"cpu (%)": 12.5, "gpus": []}}, evs
+    finally:
+        await client.close()

@@ -15,13 +15,21 @@ import numpy as np
 import pytest
 
 from tfdist import events as ev
-from tfdist.events import EventError, MetricsEvent, SnapshotEvent, StateEvent, TaskEvent, parse, to_wire
+from tfdist.events import (
+    EventError,
+    MetricsEvent,
+    SnapshotEvent,
+    StateEvent,
+    TaskEvent,
+    error_info,
+    parse,
+    to_wire,
+)
 from tfdist.jobview import JobView
 from tfdist.kernel_magics.magics import TfdistMagics
 from tfdist.kernel_magics.monitor import TextMonitor, WidgetMonitor, log_text, static_png, tasks_html
 from tfdist.runtime import events as wire
 from tfdist.runtime.coordinator import _progress
-from tfdist.runtime.supervisor import _error_info
 from tfdist.sampler import TaskProcess, TaskSampler
 from tfdist.tf_config import TaskId
 
@@ -302,10 +310,10 @@ def test_the_kernels_event_loop_survives_a_hostile_stream() -> None:
 
 
 def test_a_broken_error_record_still_ends_the_job() -> None:
-    assert _error_info(None) is None
+    assert error_info(None) is None
     good = {"type": "ValueError", "message": "m", "traceback": "t", "reason": "cell-error"}
-    assert to_wire(_error_info(good)) == good
-    info = _error_info({"type": ["not", "a", "name"], "message": 5, "traceback": "x" * 10})
+    assert to_wire(error_info(good)) == good
+    info = error_info({"type": ["not", "a", "name"], "message": 5, "traceback": "x" * 10})
     assert info is not None and info.message == "5" and "not" in info.type
     StateEvent(state="failed", error=info)  # a valid record: the final event goes out
 

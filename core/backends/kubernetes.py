@@ -324,6 +324,7 @@ class KubernetesBackend(Backend):
                 ev = await q.get()
                 final = ev["type"] == "state" and ev["state"] in TERMINAL
                 if final and ev["state"] != "succeeded":
+                    await self._release(name)
                     self._finish(name)
                 yield ev
                 if final:
@@ -331,6 +332,15 @@ class KubernetesBackend(Backend):
         finally:
             for w in workers:
                 w.cancel()
+
+    async def _release(self, name: str) -> None:
+        """A job that ended without results: the notebook has its verdict, so its coordinator need not wait
+        (60 s) for the notebook to read it; the root ends now and its TTL frees the rest within seconds."""
+        self._ended.add(name)
+        job = self._jobs.get(name)
+        if job is not None and job.agent is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(job.agent.done(), 10)
 
     async def _agent_events(self, name: str) -> AsyncIterator[dict[str, Any]]:
         job = self._jobs[name]

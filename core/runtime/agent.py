@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..events import MetricsEvent, parse, to_wire
 from ..kube import signing
 from . import events as wire
 
@@ -83,9 +84,9 @@ class MetricsMerger:
         self._lock = threading.Lock()
         threading.Thread(target=self._run, name="tfdist-metrics", daemon=True).start()
 
-    def add(self, ev: dict[str, Any]) -> None:
+    def add(self, ev: MetricsEvent) -> None:
         with self._lock:
-            self._latest.update(ev.get("tasks", {}))
+            self._latest.update(to_wire(ev)["tasks"])
 
     def _run(self) -> None:
         while True:
@@ -93,7 +94,7 @@ class MetricsMerger:
             with self._lock:
                 tasks, self._latest = self._latest, {}
             if tasks:
-                self._log.add({"type": "metrics", "t": time.time(), "tasks": tasks})
+                self._log.add(to_wire(MetricsEvent(t=time.time(), tasks=tasks)))
 
 
 class AgentState:
@@ -227,8 +228,11 @@ def make_app(state: AgentState) -> web.Application:
                 body = await request.read()
                 nonce = authorize(request, signing.digest(body))
                 if request.raw_path == "/metrics":
-                    ev = wire.loads(body or b"{}")
-                    if ev.get("type") == "metrics":
+                    try:  # a job's own pod, but checked: its sample goes into every watcher's view
+                        ev = parse(wire.loads(body or b"{}"))
+                    except ValueError as exc:  # EventError is one
+                        return _reply(400, {"error": f"not a metrics event: {exc}"[:500]}, nonce, state.token)
+                    if isinstance(ev, MetricsEvent):
                         state.metrics.add(ev)
                     return _reply(200, {"ok": True}, nonce, state.token)
                 if request.raw_path == "/done":

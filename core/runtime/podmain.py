@@ -21,6 +21,7 @@ import tempfile
 import time
 from typing import Any
 
+from ..events import ProgressEvent, StateEvent, error_info, to_wire
 from ..kube import signing
 from . import events as wire
 from .deathsig import die_with_parent
@@ -44,15 +45,20 @@ def run_chief() -> int:
     state = AgentState(jobdir, token)
     srv = serve(state, port)
     print(f"tfdist: agent listening on :{port}", flush=True)
-    state.log.add({"type": "progress", "phase": "waiting for the payload"})
+    state.log.add(to_wire(ProgressEvent(phase="waiting for the payload")))
     if not wait_until(state.payload_ready.is_set, float(os.environ.get("TFDIST_PAYLOAD_WAIT_S", "600"))):
         print("tfdist: no payload arrived; giving up", flush=True)
         return 3
     code = _run_coordinator(state, jobdir)
     out = coordinator_outcome(jobdir, code)  # the same reading as the local supervisor's
-    done: dict = {"type": "state", "state": out.state, "t": time.time(), "message": out.message}
-    if out.error:
-        done["error"] = out.error
+    done = to_wire(
+        StateEvent(
+            state=out.state,
+            t=time.time(),
+            message=out.message,
+            error=error_info(out.error),
+        )
+    )
     state.finished.set()
     state.log.add(done)
     keep = float(os.environ.get("TFDIST_RESULT_WAIT_S") or RESULT_WAIT_S)

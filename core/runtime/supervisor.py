@@ -25,7 +25,6 @@ from typing import Any
 
 from tfdist import memfit, taskenv, tf_config
 from tfdist.events import (
-    ErrorInfo,
     Event,
     LogEvent,
     MetricsEvent,
@@ -33,6 +32,7 @@ from tfdist.events import (
     SnapshotEvent,
     StateEvent,
     TaskEvent,
+    error_info,
     parse,
     to_wire,
 )
@@ -89,19 +89,6 @@ def _ended(task: Task, code: int | None) -> str:
     if code == -signal.SIGKILL:
         return "was killed (SIGKILL: most often the server's memory limit)"
     return f"exited with code {code}"
-
-
-def _error_info(error: dict[str, Any] | None) -> ErrorInfo | None:
-    """The job's error as a record; one that cannot be one (a broken error.json) still ends the job."""
-    if not error:
-        return None
-    try:
-        return ErrorInfo.model_validate(error)
-    except ValueError:
-        text = {k: str(error.get(k) or "")[:65536] for k in ("type", "message", "traceback")}
-        return ErrorInfo(
-            type=text["type"][:200] or "Error", message=text["message"], traceback=text["traceback"]
-        )
 
 
 def allocate_ports(n: int, base: int | None) -> list[int]:
@@ -525,7 +512,7 @@ class Supervisor:
                 message=message,
                 t=time.time(),
                 reason=reason_for(state, error, self.stop_code).value,
-                error=_error_info(error),
+                error=error_info(error),
             )
         )
         for w in list(self.watchers):
