@@ -101,7 +101,9 @@ def test_a_detached_job_outlives_its_kernel_and_a_later_kernel_takes_its_results
         assert wait_gone(long_pids, 15) == []
         r = other.execute("%tfdist list", timeout=60)
         rows = {line.split()[0]: line for line in r.text.splitlines()[1:]}
-        assert rows["away"].endswith("[detached]") and rows["long"].endswith("[detached: no results]"), r.text
+        # the short job may have finished meanwhile (a loaded machine stops `long` slowly): either is right
+        assert rows["away"].endswith(("[detached]", "[detached: results wait for %tfdist attach]")), r.text
+        assert rows["long"].endswith("[detached: no results]"), r.text
         # bad input: one sentence each
         r = other.execute("%tfdist attach never-started", timeout=60)
         assert r.error and NOBODY.format("never-started") in r.error_text
