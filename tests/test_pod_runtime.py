@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.digits_payload import digits_payload
 from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient, AgentForged
 
@@ -31,28 +32,8 @@ def free_ports(n: int) -> list[int]:
 
 
 def test_pod_entrypoints_train_and_return_results_through_the_agent(tmp_path):
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tensorflow as tf
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x, y = (d.data / 16).astype("float32"), d.target.astype("int64")
-    model = tf.keras.Sequential(
-        [
-            tf.keras.layers.Input((64,)),
-            tf.keras.layers.Dense(32, activation="relu"),
-            tf.keras.layers.Dense(10),
-        ]
-    )
-    model.compile(
-        optimizer=tf.keras.optimizers.legacy.SGD(0.1),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
-    src = "history = model.fit(ds, epochs=3, steps_per_epoch=20)\n"
-    ns = {"model": model, "ds": ds}
-    blob = payload.pack(src, ["model", "ds"], ns)
-    before = model.get_weights()[0].copy()
+    blob, ns = digits_payload("history = model.fit(ds, epochs=3, steps_per_epoch=20)\n")
+    before = ns["model"].get_weights()[0].copy()
 
     *tf_ports, agent_port = free_ports(5)
     cluster = tf_config.cluster(tf_config.local_addresses(2, 1, tf_ports))

@@ -20,6 +20,7 @@ import numpy as np
 import psutil
 import pytest
 
+from tests.digits_payload import digits_payload
 from tests.test_pod_runtime import free_ports
 from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient
@@ -28,28 +29,8 @@ pytestmark = pytest.mark.slow
 TOKEN = "s3cret-token"
 
 
-def digits_payload(epochs: int) -> tuple[bytes, dict]:
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tensorflow as tf
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x, y = (d.data / 16).astype("float32"), d.target.astype("int64")
-    model = tf.keras.Sequential(
-        [
-            tf.keras.layers.Input((64,)),
-            tf.keras.layers.Dense(32, activation="relu"),
-            tf.keras.layers.Dense(10),
-        ]
-    )
-    model.compile(
-        optimizer=tf.keras.optimizers.legacy.SGD(0.1),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
-    src = f"history = model.fit(ds, epochs={epochs}, steps_per_epoch=20)\n"
-    ns = {"model": model, "ds": ds}
-    return payload.pack(src, ["model", "ds"], ns), ns
+def allreduce_payload(epochs: int) -> tuple[bytes, dict]:
+    return digits_payload(f"history = model.fit(ds, epochs={epochs}, steps_per_epoch=20)\n")
 
 
 def start_pods(tmp_path, agent_port: int, workers: int = 2) -> list[subprocess.Popen]:
@@ -106,7 +87,7 @@ def end_all(procs: list[subprocess.Popen]) -> None:
 
 
 def test_allreduce_pods_train_and_the_chief_returns_results_once(tmp_path):
-    blob, ns = digits_payload(epochs=3)
+    blob, ns = allreduce_payload(epochs=3)
     before = ns["model"].get_weights()[0].copy()
     (agent_port,) = free_ports(1)
     procs = start_pods(tmp_path, agent_port)
@@ -147,7 +128,7 @@ def test_allreduce_pods_train_and_the_chief_returns_results_once(tmp_path):
 def test_a_worker_pod_ends_when_the_chief_is_gone_mid_fit(tmp_path):
     """Nothing outlives the job: the chief's pod SIGKILLed mid-fit (its replica blocks every collective),
     and the worker pod with its replica ends within the orphan limit (30 s) on its own."""
-    blob, _ = digits_payload(epochs=500)
+    blob, _ = allreduce_payload(epochs=500)
     (agent_port,) = free_ports(1)
     procs = start_pods(tmp_path, agent_port)
     chief, worker = procs

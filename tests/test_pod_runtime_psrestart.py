@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.digits_payload import digits_payload
 from tests.test_pod_runtime import free_ports
 from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient
@@ -26,29 +27,8 @@ EPOCHS = 10
 
 
 def test_a_killed_ps_pod_replaced_at_its_address_resumes_the_fit(tmp_path):
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    import tensorflow as tf
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x, y = (d.data / 16).astype("float32"), d.target.astype("int64")
-    model = tf.keras.Sequential(
-        [
-            tf.keras.layers.Input((64,)),
-            tf.keras.layers.Dense(32, activation="relu"),
-            tf.keras.layers.Dense(10),
-        ]
-    )
-    model.compile(
-        optimizer=tf.keras.optimizers.legacy.SGD(0.1),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
-    ns = {"model": model, "ds": ds}
-    blob = payload.pack(
-        f"history = model.fit(ds, epochs={EPOCHS}, steps_per_epoch=30)\n", ["model", "ds"], ns
-    )
-    before = model.get_weights()[0].copy()
+    blob, ns = digits_payload(f"history = model.fit(ds, epochs={EPOCHS}, steps_per_epoch=30)\n")
+    before = ns["model"].get_weights()[0].copy()
 
     *tf_ports, agent_port = free_ports(5)
     cluster = tf_config.cluster(tf_config.local_addresses(2, 1, tf_ports))
