@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -115,6 +116,20 @@ class RealCluster:
         self.pod(ns, name, script, **kw)
         pod = self.wait_pod(ns, name, ("Succeeded", "Failed"), timeout)
         return pod["status"]["phase"], self.logs(ns, name)
+
+
+def realnode_cli(
+    verb: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m tests.realnode VERB` (what scripts/cluster runs), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.realnode", verb],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 def realnode_images_current() -> Path:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests import realnode
+from tests.realnode_fixtures import realnode_cli
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 REPO = Path(__file__).resolve().parents[1]
@@ -222,13 +222,7 @@ def test_cluster_cli_rejects_bad_verbs_and_non_root():
 
 
 def test_status_says_what_runs(real_cluster):
-    r = subprocess.run(
-        [sys.executable, "-m", "tests.realnode", "status"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    r = realnode_cli("status", timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     for name in realnode.COMPONENTS:
         assert f"{name:24} running" in r.stdout
@@ -237,9 +231,7 @@ def test_status_says_what_runs(real_cluster):
 
 def test_up_twice_is_harmless(real_cluster):
     pids = {p["name"]: p["pid"] for p in realnode.load_state()["procs"]}
-    r = subprocess.run(
-        [sys.executable, "-m", "tests.realnode", "up"], capture_output=True, text=True, cwd=REPO, timeout=120
-    )
+    r = realnode_cli("up", timeout=120)
     assert r.returncode == 0 and "already up" in r.stderr, r.stderr
     assert r.stdout.startswith("export KUBECONFIG=")
     assert {p["name"]: p["pid"] for p in realnode.load_state()["procs"]} == pids

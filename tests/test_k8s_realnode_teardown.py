@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import realnode
+from tests.realnode_fixtures import realnode_cli
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.takes_cluster_down]
 REPO = Path(__file__).resolve().parents[1]
@@ -47,17 +48,9 @@ def test_half_started_cluster_is_replaced_by_up(real_cluster):
     (kubelet,) = [p for p in state["procs"] if p["name"] == "kubelet"]
     os.kill(kubelet["pid"], signal.SIGKILL)
     time.sleep(0.5)
-    r = subprocess.run(
-        [sys.executable, "-m", "tests.realnode", "status"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    r = realnode_cli("status", timeout=60)
     assert r.returncode == 3 and "half-started" in r.stdout, r.stdout
-    r = subprocess.run(
-        [sys.executable, "-m", "tests.realnode", "up"], capture_output=True, text=True, cwd=REPO, timeout=300
-    )
+    r = realnode_cli("up", timeout=300)
     assert r.returncode == 0 and "half-started" in r.stderr, r.stderr
     assert realnode.status()["healthy"]
     real_cluster.ensure()
@@ -72,13 +65,7 @@ def test_down_after_kill_9_of_everything_leaves_nothing(real_cluster, real_ns):
     for p in victims:
         os.kill(p.pid, signal.SIGKILL)
     time.sleep(1)
-    r = subprocess.run(
-        [sys.executable, "-m", "tests.realnode", "down"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    r = realnode_cli("down", timeout=300)
     assert r.returncode == 0, r.stderr
     _nothing_left(before)
     # A sleeper container whose shim died is gone too (runc killed it); no python3 sleeper is left.
@@ -95,13 +82,7 @@ def test_up_refuses_a_taken_port_and_starts_nothing():
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("0.0.0.0", realnode.API_PORT))
         s.listen()
-        r = subprocess.run(
-            [sys.executable, "-m", "tests.realnode", "up"],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=300,
-        )
+        r = realnode_cli("up", timeout=300)
     assert r.returncode == 1 and f"port {realnode.API_PORT} (kube-apiserver) is taken" in r.stderr, r.stderr
     assert r.stdout == ""
     left = realnode.leftovers()
@@ -139,14 +120,7 @@ def test_up_that_fails_midway_undoes_everything(tmp_path):
     (tmp_path / "kubelet").chmod(0o755)
     shutil.copy2(real.parent / "pause", tmp_path.parent / "pause")  # the sandbox binary lives beside bin/
     before = realnode.machine_record()
-    r = subprocess.run(
-        [sys.executable, "-m", "tests.realnode", "up"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-        env={**os.environ, "TFDIST_K8S_NODE_BIN": str(tmp_path)},
-    )
+    r = realnode_cli("up", timeout=300, env={"TFDIST_K8S_NODE_BIN": str(tmp_path)})
     assert r.returncode == 1, r.stderr
     assert "kubelet exited while waiting for node Ready" in r.stderr and "broken on purpose" in r.stderr
     assert r.stdout == ""
