@@ -18,6 +18,20 @@ from .cluster import KubeApi
 WATCH_TIMEOUT_S = 300  # server-side watch timeout; the loop re-opens it from the last resourceVersion
 
 
+def pod_stream(w: Any, core: Any, ns: str, selector: str, rv: str | None) -> Any:
+    """A pod watch from resourceVersion `rv` (bookmarks on, raw JSON objects), closed by the server after
+    WATCH_TIMEOUT_S: the callers re-open it from the last version they saw."""
+    return w.stream(
+        core.list_namespaced_pod,
+        ns,
+        label_selector=selector,
+        resource_version=rv,
+        timeout_seconds=WATCH_TIMEOUT_S,
+        allow_watch_bookmarks=True,
+        _preload_content=False,
+    )
+
+
 @dataclasses.dataclass
 class PodWatch:
     kube: KubeApi
@@ -102,15 +116,7 @@ class PodWatch:
             )
             try:
                 async with asyncio.timeout(limit):
-                    async for item in w.stream(
-                        core.list_namespaced_pod,
-                        self.namespace,
-                        label_selector=self.selector,
-                        resource_version=rv,
-                        timeout_seconds=WATCH_TIMEOUT_S,
-                        allow_watch_bookmarks=True,
-                        _preload_content=False,
-                    ):
+                    async for item in pod_stream(w, core, self.namespace, self.selector, rv):
                         obj = item["raw_object"]
                         rv = obj["metadata"].get("resourceVersion", rv)
                         task = st.pod_task(obj)

@@ -11,7 +11,7 @@ from ..errors import BackendUnavailable
 from . import manifests as mf
 from .agent_client import AgentClient
 from .cluster import KubeApi, controller_uid
-from .podwatch import WATCH_TIMEOUT_S
+from .podwatch import pod_stream
 
 AGENT_GRACE_S = 30.0  # past --timeout, how long the kernel keeps trying to reach a running agent
 
@@ -38,15 +38,7 @@ async def chief_ip(kube: KubeApi, ns: str, selector: str, root_uid: str) -> str:
                     if ip := _address(pod, root_uid):
                         return ip
             w = watch.Watch()
-            async for item in w.stream(
-                core.list_namespaced_pod,
-                ns,
-                label_selector=selector,
-                resource_version=rv,
-                timeout_seconds=WATCH_TIMEOUT_S,
-                allow_watch_bookmarks=True,
-                _preload_content=False,
-            ):
+            async for item in pod_stream(w, core, ns, selector, rv):
                 pod = item["raw_object"]
                 rv = pod["metadata"].get("resourceVersion", rv)
                 if ip := _address(pod, root_uid):

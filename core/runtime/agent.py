@@ -158,21 +158,7 @@ def make_app(state: AgentState) -> web.Application:
         path = os.path.join(state.jobdir, "result.bin")
         if not os.path.exists(path):
             return _reply(404, {"error": "no result"}, nonce, state.token)
-        size, digest = await asyncio.to_thread(_size_and_digest, path)  # hundreds of MB: off the loop
-        resp = web.StreamResponse(
-            status=200,
-            headers={
-                "Content-Type": "application/octet-stream",
-                signing.RESPONSE_HEADER: signing.sign_response(state.token, nonce, 200, digest),
-            },
-        )
-        resp.content_length = size
-        await resp.prepare(request)
-        with open(path, "rb") as f:
-            while chunk := await asyncio.to_thread(f.read, CHUNK):
-                await resp.write(chunk)
-        await resp.write_eof()
-        return resp
+        return await _send_file(request, path, nonce, state.token)
 
     async def payload(request: web.Request, nonce: str) -> web.StreamResponse:
         # all-reduce workers run the cell too: they fetch it here, signed like everything else (the token

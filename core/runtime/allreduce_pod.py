@@ -86,15 +86,9 @@ def wait_for_payload(url: str, token: str, task: str, wait_s: float, orphan_s: f
 
 def follow(proc: subprocess.Popen, url: str, token: str, task: str, orphan_s: float) -> int:
     """Sample this replica for the monitor until it ends; end it when the job has (see module doc)."""
-    from ..sampler import TaskProcess, TaskSampler
-    from .podmain import _AgentLink
+    from .podmain import _AgentLink, pod_sampler
 
-    sampler = TaskSampler()
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        gpus = [int(g) for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip().isdigit()]
-    else:  # the device plugin sets NVIDIA_VISIBLE_DEVICES: the container sees only its own GPUs
-        gpus = sampler.gpus.indices()
-    sampler.track(TaskProcess(task, proc.pid, gpus))
+    sampler = pod_sampler(task, proc.pid)
     agent = _AgentLink(url, token)
     last_ok = time.monotonic()
     finished_at: float | None = None

@@ -160,9 +160,20 @@ class _AgentLink:
         self._loop.close()
 
 
-def run_server(role: str) -> int:
+def pod_sampler(task: str, pid: int) -> Any:
+    """A sampler of this pod's task process (`pid`) and the pod's own GPUs, for the monitor."""
     from ..sampler import TaskProcess, TaskSampler
 
+    sampler = TaskSampler()
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        gpus = [int(g) for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip().isdigit()]
+    else:  # the device plugin sets NVIDIA_VISIBLE_DEVICES: the container sees only its own GPUs
+        gpus = sampler.gpus.indices()
+    sampler.track(TaskProcess(task, pid, gpus))
+    return sampler
+
+
+def run_server(role: str) -> int:
     url = os.environ.get("TFDIST_AGENT_URL", "")
     token = os.environ.get("TFDIST_TOKEN", "")
     task = os.environ.get("TFDIST_TASK", role)
@@ -170,12 +181,7 @@ def run_server(role: str) -> int:
     # As a container's PID 1 this process ignores SIGTERM unless it handles it: end the server with it,
     # and fail (a pod deleted mid-fit that exited 0 would count as a finished index: no replacement).
     signal.signal(signal.SIGTERM, lambda *_: (proc.kill(), os._exit(TERMINATED)))
-    sampler = TaskSampler()
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        gpus = [int(g) for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip().isdigit()]
-    else:  # the device plugin sets NVIDIA_VISIBLE_DEVICES: the container sees only its own GPUs
-        gpus = sampler.gpus.indices()
-    sampler.track(TaskProcess(task, proc.pid, gpus))
+    sampler = pod_sampler(task, proc.pid)
     started = last_ok = time.time()
     seen = False
     agent = _AgentLink(url, token)
