@@ -95,4 +95,4 @@ model = make_model()
 
 
 from tests.k8s_fixtures import k8s_api, k8s_namespace, k8s_plane  # noqa: E402, F401
-from tests.realnode_fixtures import real_cluster, real_ns  # noqa: E402, F401
+from tests.realnode_fixtures import job_image, real_cluster, real_ns, tenants  # noqa: E402, F401

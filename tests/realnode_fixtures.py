@@ -186,3 +186,30 @@ def real_ns(real_cluster):
         real_cluster.request("DELETE", f"/api/v1/namespaces/{name}")
     except Exception:  # the cluster may be down already (teardown tests)
         pass
+
+
+@pytest.fixture(scope="module")
+def job_image(real_cluster) -> str:
+    """The job image of this checkout, in the node's containerd (tests/realnode_jobs.build_job_image)."""
+    from tests.realnode_jobs import build_job_image
+
+    real_cluster.ensure()  # up again if an earlier module's teardown test took it down
+    return build_job_image()
+
+
+@pytest.fixture
+def tenants(real_cluster, tmp_path):
+    """make(prefix): a user namespace prepared as the spawner does (tests/realnode_jobs.make_tenant);
+    every one made is dropped afterwards."""
+    from tests.realnode_jobs import drop_tenant, make_tenant
+
+    made = []
+
+    def make(prefix: str):
+        t = make_tenant(real_cluster, prefix, tmp_path)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        drop_tenant(real_cluster, t)

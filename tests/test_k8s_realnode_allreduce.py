@@ -15,12 +15,9 @@ import pytest
 
 from tests import realnode
 from tests.realnode_jobs import (
-    build_job_image,
     digits_kernel,
-    drop_tenant,
     epochs_shown,
     job_pods,
-    make_tenant,
     notebook_cells,
     probe_from,
     run_line,
@@ -33,26 +30,6 @@ from tests.realnode_jobs import (
 from tfdist.kube import manifests as mf
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
-
-
-@pytest.fixture(scope="module")
-def job_image(real_cluster) -> str:
-    real_cluster.ensure()  # up again if an earlier module's teardown test took it down
-    return build_job_image()
-
-
-@pytest.fixture
-def tenants(real_cluster, tmp_path):
-    made = []
-
-    def make(prefix: str):
-        t = make_tenant(real_cluster, prefix, tmp_path)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        drop_tenant(real_cluster, t)
 
 
 def allreduce_line(name: str) -> str:

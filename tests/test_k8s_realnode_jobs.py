@@ -19,12 +19,9 @@ import pytest
 
 from tests import realnode
 from tests.realnode_jobs import (
-    build_job_image,
     digits_kernel,
-    drop_tenant,
     epochs_shown,
     job_pods,
-    make_tenant,
     notebook_cells,
     probe_from,
     restarts_shown,
@@ -41,26 +38,6 @@ if "tests.realnode_fixtures" not in sys.modules:
     from tests.realnode_fixtures import real_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
-
-
-@pytest.fixture(scope="module")
-def job_image(real_cluster) -> str:
-    real_cluster.ensure()  # up again if an earlier module's teardown test took it down
-    return build_job_image()
-
-
-@pytest.fixture
-def tenants(real_cluster, tmp_path):
-    made = []
-
-    def make(prefix: str):
-        t = make_tenant(real_cluster, prefix, tmp_path)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        drop_tenant(real_cluster, t)
 
 
 def all_running(cluster, ns: str, job: str, n: int = 4, k=None, cell: str = ""):

@@ -28,7 +28,6 @@ from tests.realnode_jobs import (
     wait_for,
     wait_gone,
 )
-from tests.test_k8s_realnode_jobs import job_image, tenants  # noqa: F401  (the same fixtures)
 from tfdist.kube import manifests as mf
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
@@ -56,7 +55,7 @@ def follow_logs(ns: str, pods: list[dict], where) -> list[subprocess.Popen]:
 
 
 @pytest.mark.timeout(1500)
-def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image, tenants, tmp_path):  # noqa: F811
+def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image, tenants, tmp_path):
     tenant = tenants("psr")
     ns = tenant.namespace
     start_notebook_pod(real_cluster, tenant)
