@@ -14,7 +14,7 @@ Fallback (cgroup v1 hosts, read-only /sys/fs/cgroup, no delegation): a watchdog 
 memory of each server's process tree every few seconds and, above the limit, kills the largest process
 of the tree that is not the server itself (normally the kernel that grew), else the server. It is coarser
 than the kernel's OOM killer (a fast allocation can overshoot between checks), and the hub log says so.
-Each check also records the server's process tree (pids with their create times, `record_tree`): kernels
+Each check also records the server's process tree (pids with their start times, `record_tree`): kernels
 run in sessions of their own and outlive a server that dies, so once the server is found gone the hub ends
 the recorded processes still running (`kill_recorded`) before its GPUs go to the next user. What starts and
 detaches between two checks is not seen; a cgroup (cgroup.kill) has no such gap.
@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from tfdist.procid import start_time
 
 __all__ = [
     "CgroupV2",
@@ -219,7 +221,7 @@ def tree_rss(pid: int) -> list[tuple[int, int]]:
 def record_tree(
     server_pid: int, seen: dict[int, float], server_created: float | None = None
 ) -> dict[int, float]:
-    """Add the server's live process tree to `seen` ({pid: create_time}); returns `seen`.
+    """Add the server's live process tree to `seen` ({pid: start time since boot}); returns `seen`.
 
     For the fallback (no cgroup): kernels run in sessions of their own and are re-parented when the server
     dies, so the tree must be known *before* it dies to end what it leaves behind (see `kill_recorded`).
@@ -230,28 +232,25 @@ def record_tree(
         if not _same_process(pid, created):
             del seen[pid]
     try:
-        root = psutil.Process(server_pid)
-        if server_created is not None and root.create_time() != server_created:
+        if server_created is not None and start_time(server_pid) != server_created:
             return seen
+        root = psutil.Process(server_pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return seen
     for p in procs:
-        with contextlib.suppress(psutil.Error):
-            seen[p.pid] = p.create_time()
+        started = start_time(p.pid)
+        if started is not None:
+            seen[p.pid] = started
     return seen
 
 
 def _same_process(pid: int, created: float) -> bool:
-    try:
-        p = psutil.Process(pid)
-        return p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    return start_time(pid) == created
 
 
 def kill_recorded(seen: dict[int, float], wait: float = 1.0) -> list[int]:
-    """SIGKILL each recorded process that still runs (same pid *and* create_time); returns their pids.
+    """SIGKILL each recorded process that still runs (same pid *and* start time); returns their pids.
 
     Waits up to `wait` seconds for them to be gone, so GPUs they held are free before they are handed on.
     """
@@ -261,7 +260,7 @@ def kill_recorded(seen: dict[int, float], wait: float = 1.0) -> list[int]:
             continue
         with contextlib.suppress(psutil.Error):
             p = psutil.Process(pid)
-            if p.create_time() != created or p.status() == psutil.STATUS_ZOMBIE:
+            if not _same_process(pid, created):
                 continue
             ours = p.ppid() == os.getpid()  # the hub's own child: its Popen reaps it, not us
             p.kill()

@@ -10,7 +10,6 @@ machine, not for isolating strangers.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -26,7 +25,7 @@ from traitlets import Bool, Enum, Float, Unicode, default
 
 from tfdist import settings
 from tfdist.gpus import GpuInventory, NvmlInventory
-from tfdist.procid import ProcessId
+from tfdist.procid import ProcessId, start_time
 
 from .allocator import CorePicker, DeviceKey, GpuAllocator, GpuShortage, ModelAvailability, device_key
 from .base import GpuFormMixin, user_error
@@ -48,6 +47,11 @@ def safe_dirname(name: str) -> str:
     # one-to-one: '-' is escaped too, so "a+" and "a-2b-" stay apart (and so do "A" and "a")
     out = re.sub(r"[^a-z0-9_.]", lambda m: f"-{ord(m.group()):x}-", name)
     return out if out.strip(".") else f"-{out}"
+
+
+def saved_process(ident: ProcessId) -> dict[str, Any]:
+    """The server process as the hub's saved state names it: a PID alone may name another process later."""
+    return {"pid": ident.pid, "tfdist_started": ident.started, "tfdist_boot": ident.boot}
 
 
 class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
@@ -267,8 +271,7 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
         if self._tfdist_tree is None:
             self._tfdist_tree = {}
         if self._tfdist_server_created is None:
-            with contextlib.suppress(psutil.Error):
-                self._tfdist_server_created = psutil.Process(self.pid).create_time()
+            self._tfdist_server_created = start_time(self.pid)
         record_tree(self.pid, self._tfdist_tree, self._tfdist_server_created)
 
     def _start_watchdog(self, limit: int) -> None:
@@ -343,11 +346,9 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
             state["tfdist_memory"] = int(self._tfdist_mem_limit)
         if self.pid:
             started = self._tfdist_server_created
-            if started is None:
-                ident = ProcessId.of(self.pid)
-                started = ident.started if ident else None
-            if started is not None:
-                state["tfdist_started"] = started  # a PID alone may name another process later
+            ident = ProcessId(self.pid, started) if started is not None else ProcessId.of(self.pid)
+            if ident is not None:
+                state.update(saved_process(ident))
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -355,8 +356,15 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
         super().load_state(state)
         if not self.pid:
             return
-        started = state.get("tfdist_started")
-        if isinstance(started, (int, float)) and not ProcessId(self.pid, float(started)).alive():
+        started, boot = state.get("tfdist_started"), state.get("tfdist_boot")
+        if not isinstance(started, (int, float)) or not isinstance(boot, str):
+            # saved by an older version or by hand: nothing proves the PID is still that server
+            self.log.warning(
+                "tfdist: %s's saved server pid %s has no start time; not adopted", self.tfdist_owner, self.pid
+            )
+            self.pid = 0
+            return
+        if not ProcessId(self.pid, float(started), boot).alive():
             # the server is gone and its PID may now be someone else's process: never adopt (or signal) it
             self.log.warning(
                 "tfdist: %s's saved server pid %s is not that server any more", self.tfdist_owner, self.pid

@@ -60,7 +60,7 @@ def fake_job(state_dir: str, name: str, user: str, state: str = "running", pid: 
         f.write("hello from worker\n<img src=x onerror=alert(1)>\n")
     if pid is not None:
         with open(os.path.join(d, "supervisor.pid"), "w") as f:
-            f.write(ProcessId(pid, psutil.Process(pid).create_time()).dumps())
+            f.write(ProcessId.current().dumps() if pid == os.getpid() else ProcessId.of(pid).dumps())
     return d
 
 

@@ -9,7 +9,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.kernels import RUN_MARK
@@ -75,9 +74,10 @@ async def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
     await run_job(backend, "old", "x = 1\n")
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        me = psutil.Process(bystander.pid)
+        me = ProcessId.of(bystander.pid)
+        assert me is not None
         # what the file would say had an earlier process with this PID been the supervisor
-        stale = ProcessId(bystander.pid, me.create_time() - 100)
+        stale = ProcessId(bystander.pid, me.started - 100)
         (tmp_path / "jobs" / "old" / "supervisor.pid").write_text(stale.dumps())
         assert not backend.is_running("old")
         assert await backend.stop("old") is False

@@ -21,8 +21,10 @@ from tests.hub_fixtures import start_hub
 from tests.test_hub_local import GROUPS, _env_of, _free_text, as_json
 from tfdist.gpus import NvmlInventory, visible_gpus
 from tfdist.nvml import Nvml
+from tfdist.procid import ProcessId
 from tfdist.spawner import local
 from tfdist.spawner.allocator import CorePicker, GpuAllocator, GpuShortage, device_key
+from tfdist.spawner.local import saved_process
 from tfdist.spawner.mig import mig_profile, profile_for
 from tfdist.spawner.profiles import GpuModel
 
@@ -171,7 +173,13 @@ def test_a_server_gets_its_instances_by_uuid_and_keeps_them_across_a_hub_restart
     sp = local.TfdistLocalSpawner(user=FakeHubUser("alice"), hub=FakeHub(), cgroup_mode="off")
     try:
         bad: list[Any] = [f"{MIG_A},0", "MIG-../../x", True, -1, 1.0, "0", {"x": 1}]
-        sp.load_state({"pid": server.pid, "tfdist_gpus": [MIG_B, 2, *bad], "tfdist_memory": 2**30})
+        sp.load_state(
+            {
+                **saved_process(ProcessId.of(server.pid)),
+                "tfdist_gpus": [MIG_B, 2, *bad],
+                "tfdist_memory": 2**30,
+            }
+        )
         assert sp.tfdist_allocator().held_by("alice/") == [2, MIG_B]
         env = sp.get_env()
         assert env["CUDA_VISIBLE_DEVICES"] == f"{MIG_B},2" and env["TFDIST_GPUS"] == "2"

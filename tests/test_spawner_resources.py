@@ -21,6 +21,7 @@ _sys.path.insert(0, str(Path(__file__).parent / "doubles"))
 from fake_nvml import FakeNvmlInventory
 from hub_objects import FakeHub, FakeHubUser
 
+from tfdist.procid import ProcessId, boot_id, start_time
 from tfdist.spawner import local
 from tfdist.spawner.allocator import CorePicker, GpuAllocator, GpuShortage, ModelAvailability
 from tfdist.spawner.limits import (
@@ -33,7 +34,7 @@ from tfdist.spawner.limits import (
     pick_victim,
     record_tree,
 )
-from tfdist.spawner.local import safe_dirname
+from tfdist.spawner.local import safe_dirname, saved_process
 from tfdist.spawner.profiles import GpuModel
 
 H100 = GpuModel(display_name="H100", nvml_name="NVIDIA H100.*")
@@ -261,7 +262,12 @@ async def test_load_state_restores_watchdog_gpus_and_cores(fresh_hub_objects: Co
     server = _sleeper()
     sp = _spawner(memory_check_interval=0.05)
     try:
-        state = {"pid": server.pid, "tfdist_gpus": [1], "tfdist_cores": [2, 3], "tfdist_memory": 2**30}
+        state = {
+            **saved_process(ProcessId.of(server.pid)),
+            "tfdist_gpus": [1],
+            "tfdist_cores": [2, 3],
+            "tfdist_memory": 2**30,
+        }
         sp.load_state(state)
         assert sp.tfdist_allocator().held_by("alice/") == [1]
         assert fresh_hub_objects.pick("bob/", 2) == [0, 1]  # 2 and 3 are booked again
@@ -288,7 +294,9 @@ async def test_load_state_restores_cgroup(fresh_hub_objects: CorePicker, tmp_pat
     cgroup.mkdir()
     (cgroup / "cgroup.kill").write_text("0")
     try:
-        sp.load_state({"pid": server.pid, "tfdist_gpus": [0], "tfdist_cgroup": str(cgroup)})
+        sp.load_state(
+            {**saved_process(ProcessId.of(server.pid)), "tfdist_gpus": [0], "tfdist_cgroup": str(cgroup)}
+        )
         assert sp._tfdist_cgroup_path == cgroup
         assert sp._tfdist_watchdog is None  # the kernel enforces the limit
         assert sp.get_state()["tfdist_cgroup"] == str(cgroup)
@@ -310,7 +318,9 @@ async def test_load_state_ignores_a_foreign_cgroup_path(
     other.mkdir()
     (other / "cgroup.kill").write_text("0")
     try:
-        sp.load_state({"pid": server.pid, "tfdist_cgroup": str(other), "tfdist_memory": 2**30})
+        sp.load_state(
+            {**saved_process(ProcessId.of(server.pid)), "tfdist_cgroup": str(other), "tfdist_memory": 2**30}
+        )
         assert sp._tfdist_cgroup_path is None
         assert sp._tfdist_watchdog is not None  # no cgroup: the fallback runs
         sp.clear_state()
@@ -337,14 +347,19 @@ async def test_a_saved_pid_that_names_another_process_is_neither_adopted_nor_sig
     bystander = _sleeper()
     sp = _spawner(memory_check_interval=0.05)
     try:
-        started = psutil.Process(bystander.pid).create_time()
-        sp.load_state({"pid": bystander.pid, "tfdist_gpus": [0], "tfdist_started": started - 50})
+        started, boot = start_time(bystander.pid), boot_id()
+        assert started is not None
+        sp.load_state(
+            {"pid": bystander.pid, "tfdist_gpus": [0], "tfdist_started": started - 50, "tfdist_boot": boot}
+        )
         assert sp.pid == 0 and sp.tfdist_allocator().held_by("alice/") == []
         assert await sp.poll() is not None
         await sp.stop()
         # the same PID, adopted while it was the server, then reused: poll says gone, stop signals nothing
         sp2 = _spawner("bob", memory_check_interval=0)
-        sp2.load_state({"pid": bystander.pid, "tfdist_gpus": [1], "tfdist_started": started})
+        sp2.load_state(
+            {"pid": bystander.pid, "tfdist_gpus": [1], "tfdist_started": started, "tfdist_boot": boot}
+        )
         assert sp2.tfdist_allocator().held_by("bob/") == [1]
         # as if the server had died and its PID come back as another process
         sp2._tfdist_server_created = started - 50
@@ -375,7 +390,9 @@ async def test_leftovers_of_a_dead_server_are_ended_before_its_gpus_go(fresh_hub
     sp = _spawner(memory_check_interval=0.05)
     kernel = 0
     try:
-        sp.load_state({"pid": server.pid, "tfdist_gpus": [0, 2], "tfdist_memory": 2**30})
+        sp.load_state(
+            {**saved_process(ProcessId.of(server.pid)), "tfdist_gpus": [0, 2], "tfdist_memory": 2**30}
+        )
         server.stdin.write(b"\n")
         server.stdin.flush()
         kernel = int(server.stdout.readline())  # started after adoption: only a watchdog tick sees it
@@ -404,10 +421,11 @@ async def test_leftovers_of_a_dead_server_are_ended_before_its_gpus_go(fresh_hub
         _end(server)
 
 
-def test_kill_recorded_checks_create_time() -> None:
+def test_kill_recorded_checks_start_time() -> None:
     proc = _sleeper()
     try:
-        created = psutil.Process(proc.pid).create_time()
+        created = start_time(proc.pid)
+        assert created is not None
         assert kill_recorded({proc.pid: created + 1.0}) == []  # the pid now names another process
         assert proc.poll() is None
         tree = record_tree(proc.pid, {}, created)

@@ -71,7 +71,7 @@ def live_pools(state_dir: str) -> list[dict]:
         for path in Path(state_dir).glob(STATE_PREFIX + "*.json"):
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 rec = json.loads(path.read_text())
-                if ProcessId(int(rec["pid"]), float(rec["started"])).alive():
+                if ProcessId(int(rec["pid"]), float(rec["started"]), str(rec["boot"])).alive():
                     out.append(rec)
                     continue
                 path.unlink()

@@ -200,6 +200,7 @@ class _State:
         rec = {
             "pid": me.pid,
             "started": me.started,
+            "boot": me.boot,
             "phase": phase,
             "size": self.pool.size,
             "zygotes": self.pool.pids,
