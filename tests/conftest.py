@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -12,33 +15,76 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-CLUSTER_FIXTURES = {"k8s_plane", "real_cluster"}
+KWOK_FIXTURES = {"k8s_plane"}
+REALNODE_FIXTURES = {"real_cluster"}
 _GROUP = pytest.StashKey[str]()
+# Each test's last duration (setup + call + teardown), kept outside the checkout like the other caches, so
+# that the next run hands the longest groups out first (longest-first keeps both workers busy to the end).
+DURATIONS = Path(os.environ.get("TFDIST_CACHE") or Path.home() / ".cache" / "tfdist") / "test-durations.json"
+_UNKNOWN_S = 3.0  # a test never timed here yet
+
+
+def _group(item: pytest.Item) -> str:
+    names = set(getattr(item, "fixturenames", ()))
+    if REALNODE_FIXTURES & names or item.get_closest_marker("realnode"):
+        return "realnode"  # one machine-wide real cluster: all its tests on one worker
+    if KWOK_FIXTURES & names or item.get_closest_marker("k8s"):
+        return "cluster"  # one kwok control plane per run
+    return item.module.__name__ if item.module else item.nodeid.split("::")[0]
+
+
+def _durations() -> dict[str, float]:
+    try:
+        d = json.loads(DURATIONS.read_text())
+        return {k: float(v) for k, v in d.items()} if isinstance(d, dict) else {}
+    except (OSError, ValueError, TypeError):
+        return {}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Group tests for pytest-xdist (scripts/test runs ``-n 2 --dist loadgroup``).
+    """Group tests for pytest-xdist (scripts/test runs ``--dist loadgroup``) and hand out the longest first.
 
-    A module stays on one worker so its module-scoped fixtures (a trained job, a hub) are built once, and
-    every test that touches a cluster shares one worker: one control plane per run, and the kwok plane's
-    host-process pods never overlap the real node's pod network (both use 10.244.0.0/16).
+    A module stays on one worker so its module-scoped fixtures (a trained job, a hub) are built once; the
+    kwok-plane tests share one worker (one plane per run) and the real-node tests another (the real cluster is
+    machine-wide). Groups go out longest first by the last run's durations (on a machine that has none, the
+    two cluster groups first); within the real-node group the tests that leave the cluster down come last
+    (a later test would wait for a fresh `up`).
     """
+    known = _durations()
+    weight: dict[str, float] = {}
     for item in items:
-        uses_cluster = CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
-        if uses_cluster or item.get_closest_marker("k8s") or item.get_closest_marker("realnode"):
-            group = "cluster"
-        else:
-            group = item.module.__name__ if item.module else item.nodeid.split("::")[0]
+        group = _group(item)
         item.add_marker(pytest.mark.xdist_group(group))
         item.stash[_GROUP] = group
+        weight[group] = weight.get(group, 0.0) + known.get(item.nodeid, _UNKNOWN_S)
+    if not known:
+        for g in ("realnode", "cluster"):
+            weight[g] = weight.get(g, 0.0) + 1e6
 
-    # the cluster group is the longest: it starts first so the other worker's modules fill in around it;
-    # within it the tests that leave the cluster down come last (a later test would wait for a fresh `up`)
-    def order(it: pytest.Item) -> tuple[bool, bool]:
-        return it.stash[_GROUP] != "cluster", it.get_closest_marker("takes_cluster_down") is not None
+    def order(it: pytest.Item) -> tuple[float, str, bool]:
+        g = it.stash[_GROUP]
+        return -weight[g], g, it.get_closest_marker("takes_cluster_down") is not None
 
     items.sort(key=order)
+
+
+_timed: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _timed[report.nodeid] = _timed.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput") or not _timed:  # the controller (or a serial run) writes it
+        return
+    merged = _durations() | {k: round(v, 2) for k, v in _timed.items()}
+    with contextlib.suppress(OSError):
+        DURATIONS.parent.mkdir(parents=True, exist_ok=True)
+        tmp = DURATIONS.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(merged, sort_keys=True))
+        tmp.replace(DURATIONS)
 
 
 @pytest.fixture(scope="session")

@@ -109,3 +109,19 @@ async def test_a_missing_job_is_its_own_error_not_a_key_error(tmp_path: Path) ->
         with pytest.raises(NoSuchJob):
             await backend.status(bad)
     assert not issubclass(NoSuchJob, KeyError)
+
+
+async def test_a_running_supervisor_that_has_not_answered_yet_is_not_called_gone(tmp_path: Path) -> None:
+    """Read from another process right after the start, before the supervisor binds its socket (seen in
+    CI under load: the job was reported "supervisor is gone" 0.4 s after its start, and kept running)."""
+    from tests.test_labserver import fake_job
+
+    state = str(tmp_path / "jobs")
+    fake_job(state, "starting", "user", state="pending", pid=os.getpid())  # alive, and no control.sock
+    view = await LocalBackend(state).status("starting")
+    assert (view.state, view.finished) == ("pending", False), view.message
+    (tmp_path / "jobs" / "starting" / "supervisor.pid").write_text(
+        ProcessId(os.getpid(), ProcessId.current().started - 1).dumps()  # it died; its PID lives on
+    )
+    view = await LocalBackend(state).status("starting")
+    assert (view.state, view.reason) == ("failed", "lost"), view.message

@@ -453,7 +453,12 @@ class LocalBackend(Backend):
             view.state = "failed"
             view.message = "the job ended without recording its state"
         launching = self._supervisor(name) is None and time.time() - view.created < 60
-        if view.state not in ("succeeded", "failed", "stopped") and not launching:
+        # a supervisor that runs but did not answer (its socket not bound yet, busy) is not gone
+        if (
+            view.state not in ("succeeded", "failed", "stopped")
+            and not launching
+            and not self.is_running(name)
+        ):
             # died without a word: say so, and no task of it may look alive
             gone = "the job's supervisor is gone"
             view.apply(StateEvent(state="failed", message=gone, reason="lost"))
