@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,8 @@ _timed: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _timed[report.nodeid] = _timed.get(report.nodeid, 0.0) + report.duration
+    nodeid = re.sub(r"@[\w.]+$", "", report.nodeid)  # xdist's loadgroup adds "@<group>"
+    _timed[nodeid] = _timed.get(nodeid, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
