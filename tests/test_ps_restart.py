@@ -47,7 +47,16 @@ def test_lost_ps_is_restarted_and_the_fit_resumes_with_one_history(tf_kernel):
     )
     th, box = tf_kernel.execute_in_background(cell, timeout=600)
     progress = os.path.join(tf_kernel.state_dir, name, "ckpt", "progress.json")
-    wait_until(tf_kernel, name, th, box, lambda v: v.epoch >= 2 and os.path.exists(progress), "checkpoint")
+
+    def saved_epochs() -> int:
+        try:
+            with open(progress) as f:
+                return int(json.load(f)["epoch"])
+        except (OSError, ValueError, KeyError):  # not written yet, or being replaced
+            return 0
+
+    # the view's epoch moves when the epoch ends; the checkpoint that records it follows (under load, later)
+    wait_until(tf_kernel, name, th, box, lambda v: v.epoch >= 2 and saved_epochs() >= 1, "checkpoint")
     with open(progress) as f:
         saved = json.load(f)
     assert saved["epoch"] >= 1 and len(saved["epoch_logs"]) == saved["epoch"]

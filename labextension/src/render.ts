@@ -47,6 +47,56 @@ export function sparkline(doc: Document, series: Series, width = 80, height = 16
   return svg;
 }
 
+interface IListState {
+  list: HTMLUListElement;
+  rows: Map<string, HTMLLIElement>;
+  onSelect: (name: string) => void;
+}
+
+// The rows live across the 1 Hz refreshes: a row rebuilt between a press and its release gets no click
+// (the click goes to their common ancestor), so a user's click on a job was sometimes lost under load.
+const listStates = new WeakMap<HTMLElement, IListState>();
+
+function jobRow(doc: Document, name: string, state: IListState): HTMLLIElement {
+  const li = el(doc, 'li', 'tfdist-job');
+  li.appendChild(el(doc, 'span', 'tfdist-job-name', name));
+  const row = el(doc, 'span', 'tfdist-job-row');
+  row.appendChild(el(doc, 'span', 'tfdist-state'));
+  row.appendChild(el(doc, 'span', 'tfdist-kind'));
+  row.appendChild(sparkline(doc, []));
+  li.appendChild(row);
+  li.addEventListener('click', () => state.onSelect(name));
+  return li;
+}
+
+function updateRow(li: HTMLLIElement, j: IJobSummary, series: Series, selected: boolean): void {
+  li.classList.toggle('tfdist-selected', selected);
+  li.dataset.state = j.state;
+  // the full name wraps (a narrow panel must still tell jobs apart) and is the tooltip's first line
+  const detached = detachedText(j);
+  li.title = [j.name, `${j.state}${j.message ? `: ${j.message}` : ''}`, ...(detached ? [detached] : [])].join(
+    '\n'
+  );
+  const state = li.querySelector('.tfdist-state') as HTMLElement;
+  state.className = `tfdist-state tfdist-state-${safeClass(j.state)}`;
+  state.textContent = j.state;
+  const kind = li.querySelector('.tfdist-kind') as HTMLElement;
+  let badge = li.querySelector('.tfdist-detached') as HTMLElement | null;
+  if (detached && !badge) {
+    badge = el(li.ownerDocument, 'span', 'tfdist-detached', 'detached');
+    kind.before(badge);
+  } else if (!detached && badge) {
+    badge.remove();
+    badge = null;
+  }
+  if (badge) {
+    badge.title = detached ?? '';
+  }
+  kind.textContent = j.gpu_util.length > 0 ? `GPU×${j.gpu_util.length}` : 'CPU';
+  const spark = li.querySelector('.tfdist-spark') as SVGSVGElement;
+  spark.replaceChildren(...Array.from(sparkline(li.ownerDocument, series).childNodes));
+}
+
 export function renderJobList(
   container: HTMLElement,
   jobs: IJobSummary[],
@@ -55,39 +105,31 @@ export function renderJobList(
   onSelect: (name: string) => void
 ): void {
   const doc = container.ownerDocument;
-  container.replaceChildren();
   if (jobs.length === 0) {
-    container.appendChild(el(doc, 'div', 'tfdist-empty', 'No distributed jobs yet. Run a %%tfdist cell.'));
+    listStates.delete(container);
+    container.replaceChildren(el(doc, 'div', 'tfdist-empty', 'No distributed jobs yet. Run a %%tfdist cell.'));
     return;
   }
-  const list = el(doc, 'ul', 'tfdist-joblist');
-  for (const j of jobs) {
-    const li = el(doc, 'li', 'tfdist-job');
-    li.dataset.state = j.state;
-    if (j.name === selected) {
-      li.classList.add('tfdist-selected');
-    }
-    // the full name wraps (a narrow panel must still tell jobs apart) and is the tooltip's first line
-    const detached = detachedText(j);
-    li.title = [j.name, `${j.state}${j.message ? `: ${j.message}` : ''}`, ...(detached ? [detached] : [])].join(
-      '\n'
-    );
-    li.appendChild(el(doc, 'span', 'tfdist-job-name', j.name));
-    const row = el(doc, 'span', 'tfdist-job-row');
-    row.appendChild(el(doc, 'span', `tfdist-state tfdist-state-${safeClass(j.state)}`, j.state));
-    if (detached) {
-      const badge = el(doc, 'span', 'tfdist-detached', 'detached');
-      badge.title = detached;
-      row.appendChild(badge);
-    }
-    const kind = j.gpu_util.length > 0 ? `GPU×${j.gpu_util.length}` : 'CPU';
-    row.appendChild(el(doc, 'span', 'tfdist-kind', kind));
-    row.appendChild(sparkline(doc, history.get(j.name) ?? []));
-    li.appendChild(row);
-    li.addEventListener('click', () => onSelect(j.name));
-    list.appendChild(li);
+  let state = listStates.get(container);
+  if (!state || state.list.parentNode !== container) {
+    state = { list: el(doc, 'ul', 'tfdist-joblist'), rows: new Map(), onSelect };
+    listStates.set(container, state);
+    container.replaceChildren(state.list);
   }
-  container.appendChild(list);
+  state.onSelect = onSelect;
+  const ordered: HTMLLIElement[] = [];
+  const rows = new Map<string, HTMLLIElement>();
+  for (const j of jobs) {
+    const li = state.rows.get(j.name) ?? jobRow(doc, j.name, state);
+    updateRow(li, j, history.get(j.name) ?? [], j.name === selected);
+    rows.set(j.name, li);
+    ordered.push(li);
+  }
+  state.rows = rows;
+  const current = Array.from(state.list.children);
+  if (current.length !== ordered.length || current.some((c, i) => c !== ordered[i])) {
+    state.list.replaceChildren(...ordered);
+  }
 }
 
 export function renderJobDetail(

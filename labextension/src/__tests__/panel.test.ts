@@ -198,3 +198,30 @@ test('a detached job is marked in the list and its view says where its results a
   renderJobDetail(c, d, 'away', false, () => undefined, () => undefined);
   assert.equal(c.querySelector('.tfdist-detached-note')!.textContent, 'Detached: its results were taken by an attach.');
 });
+
+test('a refresh keeps the rows (a press then a release across a refresh still clicks the job)', () => {
+  const doc = dom();
+  const c = doc.createElement('div');
+  doc.body.appendChild(c);
+  let clicked = '';
+  const m = new JobsModel(fakeApi([]));
+  m.setJobs([summary('a'), summary('b')]);
+  renderJobList(c, m.jobs, m.history, null, n => (clicked = n));
+  const [rowA, rowB] = Array.from(c.querySelectorAll('.tfdist-job'));
+  const pressed = rowB.querySelector('.tfdist-state');
+  m.setJobs([summary('a'), summary('b', { state: 'failed', message: 'boom', detached: true })]);
+  renderJobList(c, m.jobs, m.history, 'b', n => (clicked = n));
+  const after = Array.from(c.querySelectorAll('.tfdist-job'));
+  assert.equal(after[0], rowA);
+  assert.equal(after[1], rowB);
+  assert.equal(rowB.querySelector('.tfdist-state'), pressed);
+  assert.equal(pressed!.textContent, 'failed');
+  assert.ok(rowB.classList.contains('tfdist-selected'));
+  assert.equal(rowB.querySelector('.tfdist-detached')!.textContent, 'detached');
+  (rowB as HTMLElement).click();
+  assert.equal(clicked, 'b');
+  m.setJobs([summary('b', { state: 'failed' })]);
+  renderJobList(c, m.jobs, m.history, null, n => (clicked = n));
+  assert.deepEqual(Array.from(c.querySelectorAll('.tfdist-job')), [rowB]);
+  assert.equal(rowB.querySelector('.tfdist-detached'), null);
+});
