@@ -30,8 +30,9 @@ def start_time(pid: int) -> float | None:
     """When `pid` started, in seconds since boot; None when no such process (or a zombie).
 
     Why not psutil's create_time: that adds the boot time read from the wall clock (/proc/stat btime, whole
-    seconds), which moves when the clock is stepped or slewed. Two processes reading one start time a minute
-    apart could then disagree by a second, and a living job would look gone. Ticks since boot never move.
+    seconds), which moves when the clock is stepped (NTP, a VM's clock sync). Two processes reading one
+    start time a minute apart could then disagree by a second, and a living job would look gone. Ticks since
+    boot do not move.
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
