@@ -9,7 +9,17 @@ import time
 
 import pytest
 
-from tests.test_k8s_backend import H100, backend, collect, get, left, private_agent_port, spec, wait_gone
+from tests.test_k8s_backend import (
+    H100,
+    backend,
+    collect,
+    follow_until_running,
+    get,
+    left,
+    private_agent_port,
+    spec,
+    wait_gone,
+)
 from tfdist.backends.base import Launch
 from tfdist.errors import JobSpecError
 from tfdist.jobspec import default_ps, validate
@@ -67,17 +77,7 @@ async def test_a_failed_allreduce_worker_ends_the_job_and_is_not_replaced(k8s_pl
     ns = k8s_namespace
     try:
         await b.submit(ar("ar2", ns, workers=2), b"p", Launch())
-        events: list[dict] = []
-
-        async def follow():
-            async for ev in b.watch("ar2"):
-                events.append(ev)
-
-        task = asyncio.ensure_future(follow())
-        deadline = time.time() + 60
-        while not any(e.get("type") == "state" and e.get("state") == "running" for e in events):
-            assert time.time() < deadline, events[-5:]
-            await asyncio.sleep(0.2)
+        events, task = await follow_until_running(b, "ar2")
         k8s_plane.kubectl(
             "-n", ns, "label", "pod", "-l", f"{mf.L_JOB}=ar2,{mf.L_ROLE}=worker", "sim.tfdist.io/outcome=fail"
         )

@@ -63,6 +63,24 @@ def get(plane, path: str):
     return plane.get(path)
 
 
+async def follow_until_running(
+    b: KubernetesBackend, name: str, timeout: float = 60
+) -> tuple[list[dict], asyncio.Task]:
+    """Follow the job's watch in the background (its events collect in the list) until it says running."""
+    events: list[dict] = []
+
+    async def follow():
+        async for ev in b.watch(name):
+            events.append(ev)
+
+    task = asyncio.ensure_future(follow())
+    deadline = time.time() + timeout
+    while not any(e.get("type") == "state" and e.get("state") == "running" for e in events):
+        assert time.time() < deadline, events[-5:]
+        await asyncio.sleep(0.2)
+    return events, task
+
+
 def test_manifests_put_gpus_on_workers_only_and_hang_everything_on_one_root():
     s = JobSpec(
         name="j1",
@@ -271,17 +289,7 @@ async def test_failed_worker_pod_is_replaced_and_watch_survives_apiserver_restar
     b = backend(k8s_plane, k8s_namespace)
     try:
         await b.submit(spec("faulty", k8s_namespace, workers=2), b"p", Launch())
-        events: list[dict] = []
-
-        async def follow():
-            async for ev in b.watch("faulty"):
-                events.append(ev)
-
-        task = asyncio.ensure_future(follow())
-        deadline = time.time() + 60
-        while not any(e.get("state") == "running" and e.get("type") == "state" for e in events):
-            assert time.time() < deadline
-            await asyncio.sleep(0.2)
+        events, task = await follow_until_running(b, "faulty")
         await asyncio.to_thread(
             k8s_plane.restart_apiserver
         )  # the watch must resume, not restart from scratch

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.test_k8s_backend import backend, get, private_agent_port, spec, wait_gone  # noqa: F401
+from tests.test_k8s_backend import backend, follow_until_running, get, private_agent_port, spec, wait_gone  # noqa: F401
 from tfdist.backends.base import Launch
 from tfdist.kube import manifests as mf
 from tfdist.runtime import psrecovery
@@ -34,17 +34,7 @@ async def test_a_failed_ps_pod_is_replaced_and_the_job_goes_on(k8s_plane, k8s_na
         assert svc["spec"]["clusterIP"] not in ("", "None")
         assert svc["metadata"]["ownerReferences"][0]["uid"] == root["metadata"]["uid"]
         assert f"psback-ps-0.{ns}.svc:{mf.TF_PORT}" in env["TFDIST_CLUSTER"], env["TFDIST_CLUSTER"]
-        events: list[dict] = []
-
-        async def follow():
-            async for ev in b.watch("psback"):
-                events.append(ev)
-
-        task = asyncio.ensure_future(follow())
-        deadline = time.time() + 60
-        while not any(e.get("type") == "state" and e.get("state") == "running" for e in events):
-            assert time.time() < deadline, events[-5:]
-            await asyncio.sleep(0.2)
+        events, task = await follow_until_running(b, "psback")
         n_before = len(events)
         k8s_plane.kubectl(
             "-n", ns, "label", "pod", "-l", f"{mf.L_JOB}=psback,{mf.L_ROLE}=ps", "sim.tfdist.io/outcome=fail"
