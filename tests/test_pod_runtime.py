@@ -31,12 +31,11 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def test_pod_entrypoints_train_and_return_results_through_the_agent(tmp_path):
-    blob, ns = digits_payload("history = model.fit(ds, epochs=3, steps_per_epoch=20)\n")
-    before = ns["model"].get_weights()[0].copy()
-
-    *tf_ports, agent_port = free_ports(5)
-    cluster = tf_config.cluster(tf_config.local_addresses(2, 1, tf_ports))
+def local_pods(workers: int, ps: int) -> tuple[dict, dict[str, str], int, str]:
+    """(cluster, environment, agent port, token) for the pods' entry points run as local processes: what the
+    manifests give every pod, on free local ports."""
+    *tf_ports, agent_port = free_ports(workers + ps + 2)
+    cluster = tf_config.cluster(tf_config.local_addresses(workers, ps, tf_ports))
     token = "s3cret-token"
     base = {
         **os.environ,
@@ -47,6 +46,14 @@ def test_pod_entrypoints_train_and_return_results_through_the_agent(tmp_path):
         "GRPC_FAIL_FAST": "use_caller",
         "TF_USE_LEGACY_KERAS": "1",
     }
+    return cluster, base, agent_port, token
+
+
+def test_pod_entrypoints_train_and_return_results_through_the_agent(tmp_path):
+    blob, ns = digits_payload("history = model.fit(ds, epochs=3, steps_per_epoch=20)\n")
+    before = ns["model"].get_weights()[0].copy()
+
+    cluster, base, agent_port, token = local_pods(2, 1)
     procs = []
     try:
         for task in tf_config.task_names(2, 1):

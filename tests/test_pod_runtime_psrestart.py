@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.digits_payload import digits_payload
-from tests.test_pod_runtime import free_ports
+from tests.test_pod_runtime import local_pods
 from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient
 from tfdist.runtime import psrecovery
@@ -30,18 +29,7 @@ def test_a_killed_ps_pod_replaced_at_its_address_resumes_the_fit(tmp_path):
     blob, ns = digits_payload(f"history = model.fit(ds, epochs={EPOCHS}, steps_per_epoch=30)\n")
     before = ns["model"].get_weights()[0].copy()
 
-    *tf_ports, agent_port = free_ports(5)
-    cluster = tf_config.cluster(tf_config.local_addresses(2, 1, tf_ports))
-    token = "s3cret-token"
-    base = {
-        **os.environ,
-        "TFDIST_TOKEN": token,
-        "TFDIST_AGENT_URL": f"http://127.0.0.1:{agent_port}",
-        "TFDIST_AGENT_PORT": str(agent_port),
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        "GRPC_FAIL_FAST": "use_caller",
-        "TF_USE_LEGACY_KERAS": "1",
-    }
+    cluster, base, agent_port, token = local_pods(2, 1)
     procs: dict[str, subprocess.Popen] = {}
 
     def start(task: str, log: str) -> subprocess.Popen:
