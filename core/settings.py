@@ -30,6 +30,7 @@ ENV_GPU_TOLERATIONS = "TFDIST_GPU_TOLERATIONS"  # JSON list: tolerations of the 
 ENV_GPU_RESOURCE = "TFDIST_GPU_RESOURCE"  # extended resource of the GPU model (nvidia.com/mig-1g.10gb, ...)
 ENV_USER = "TFDIST_USER"  # the hub user name (labels); falls back to JUPYTERHUB_USER / $USER
 ENV_STATE_DIR = "TFDIST_STATE_DIR"  # where local jobs keep sockets, logs and results
+ENV_LIFELINE_GRACE_S = "TFDIST_LIFELINE_GRACE_S"  # kernel gone this long: the cluster ends its attached jobs
 
 
 class SettingsError(TfdistError):
@@ -53,6 +54,9 @@ class Settings(BaseSettings):
     gpu_resource: str | None = Field(None, validation_alias=ENV_GPU_RESOURCE)
     user: str = Field("user", validation_alias=AliasChoices(ENV_USER, "JUPYTERHUB_USER", "USER"))
     state_dir: str = Field("", validation_alias=ENV_STATE_DIR)
+    # shorter frees a dead kernel's pods sooner but needs the API server reachable more often (one update per
+    # a third of it); bounded so that a kernel cannot keep its jobs alive long after it is gone
+    lifeline_grace_s: int = Field(60, ge=15, le=3600, validation_alias=ENV_LIFELINE_GRACE_S)
     # only to derive state_dir's default (a per-login runtime directory when there is one)
     xdg_runtime_dir: str = Field("", validation_alias="XDG_RUNTIME_DIR", exclude=True, repr=False)
 

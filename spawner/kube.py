@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Bool, Unicode
+from traitlets import Bool, Integer, Unicode
 
 from tfdist import settings
 from tfdist.kube import tenancy
@@ -76,6 +76,15 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         the quota, Role and policies of tfdist.kube.tenancy. Default True (KubeSpawner's default is False).
         False puts every user in ``namespace``, where users can reach each other's jobs and Secrets: only for
         a team that trusts each other (README, "Isolation between users on Kubernetes").""",
+    )
+    lifeline_grace_seconds = Integer(
+        60,
+        min=15,
+        max=3600,
+        config=True,
+        help="""How long after a notebook kernel is gone (killed, its pod or node lost) the cluster ends the
+        %%tfdist jobs attached to it (TFDIST_LIFELINE_GRACE_S). The kernel renews each job's deadline every
+        third of it, so a shorter grace frees GPUs sooner at the cost of more updates to the API server.""",
     )
     service_account = Unicode(
         tenancy.NOTEBOOK_SA,
@@ -197,6 +206,7 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         env[settings.ENV_NAMESPACE] = self.namespace
         env[settings.ENV_WORKER_IMAGE] = self.worker_image or self.image
         env[settings.ENV_USER] = self.user.name
+        env[settings.ENV_LIFELINE_GRACE_S] = str(self.lifeline_grace_seconds)
         env[settings.ENV_POD_NAME] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
         env[settings.ENV_POD_UID] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
         gpus = choice.gpus if choice is not None else 0

@@ -89,7 +89,8 @@ async def test_the_cluster_ends_a_job_whose_kernel_was_sigkilled_within_90s(
         async def main():
             b = KubernetesBackend(from_environ({{"TFDIST_NAMESPACE": {ns!r}, "TFDIST_USER": "ann",
                                                  "TFDIST_WORKER_IMAGE": "example.org/tfdist-job:1",
-                                                 "TFDIST_STATE_DIR": {str(tmp_path)!r}}}),
+                                                 "TFDIST_STATE_DIR": {str(tmp_path)!r},
+                                                 "TFDIST_LIFELINE_GRACE_S": "15"}}),
                                   kubeconfig={k8s_plane.kubeconfig!r})
             await b.submit(JobSpec(name="orphan", user="ann", backend="kubernetes"), b"p", Launch())
             print("submitted", flush=True)
@@ -102,7 +103,8 @@ async def test_the_cluster_ends_a_job_whose_kernel_was_sigkilled_within_90s(
     try:
         assert kernel.stdout is not None and kernel.stdout.readline().strip() == "submitted"
         await wait_for("pods running", lambda: len(running(pods_of(k8s_plane, ns, "orphan"))) == 4)
-        await asyncio.sleep(25)  # the kernel renewed its lifeline at least once: the job is still there
+        # past the 15 s grace: the kernel renewed its lifeline, so the job is still there
+        await asyncio.sleep(20)
         assert len(running(pods_of(k8s_plane, ns, "orphan"))) == 4
         os.kill(kernel.pid, signal.SIGKILL)
         t0 = time.time()

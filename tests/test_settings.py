@@ -32,6 +32,7 @@ def test_spawner_values_are_parsed(tmp_path):
             settings.ENV_GPU_RESOURCE: "nvidia.com/mig-1g.10gb",
             settings.ENV_KUEUE_QUEUE: "",  # "not given" as the spawner writes it
             settings.ENV_STATE_DIR: str(tmp_path),
+            settings.ENV_LIFELINE_GRACE_S: "20",
             "JUPYTERHUB_USER": "ann",
             "USER": "jovyan",
         }
@@ -41,6 +42,7 @@ def test_spawner_values_are_parsed(tmp_path):
     assert s.gpu_resource == "nvidia.com/mig-1g.10gb"
     assert from_environ({settings.ENV_GPU_RESOURCE: ""}).gpu_resource is None  # not given: whole GPUs
     assert s.state_dir == str(tmp_path)
+    assert s.lifeline_grace_s == 20 and from_environ({}).lifeline_grace_s == 60
     assert s.user == "ann"  # the hub's name wins over the Unix account
     assert from_environ({settings.ENV_USER: "bob", "JUPYTERHUB_USER": "ann"}).user == "bob"
 
@@ -62,6 +64,9 @@ def test_an_explicit_mapping_ignores_this_process_and_none_reads_it(monkeypatch)
         (settings.ENV_GPU_NODE_SELECTOR, "{not json"),
         (settings.ENV_GPU_NODE_SELECTOR, '["a list"]'),
         (settings.ENV_GPU_TOLERATIONS, '{"key": "not a list"}'),
+        (settings.ENV_LIFELINE_GRACE_S, "5"),  # under two renewals' worth of API server trouble
+        (settings.ENV_LIFELINE_GRACE_S, "86400"),  # a dead kernel's jobs would hold their GPUs for a day
+        (settings.ENV_LIFELINE_GRACE_S, "soon"),
     ],
 )
 def test_a_broken_value_is_an_error_that_names_the_variable(var, value):

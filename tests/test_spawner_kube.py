@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent / "doubles"))
 from hub_objects import FakeGroup, FakeHub, FakeHubUser
 
 from tfdist import settings
+from tfdist.settings import from_environ
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "hub_config" / "profiles.yaml"
@@ -115,10 +116,22 @@ async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
     assert env[settings.ENV_GPU_RESOURCE]["value"] == "nvidia.com/gpu"
     assert "TFDIST_SERVICE_ACCOUNT" not in env  # nothing in the kernel reads it (the pod spec names it)
     assert env[settings.ENV_KUEUE_QUEUE]["value"] == "ml-team"
+    assert env[settings.ENV_LIFELINE_GRACE_S]["value"] == "60"  # the kernel's jobs end 60 s after it
     assert env[settings.ENV_USER]["value"] == "alice"
     assert env[settings.ENV_POD_NAME]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env[settings.ENV_POD_UID]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert "NVIDIA_VISIBLE_DEVICES" not in env
+
+
+async def test_the_admins_lifeline_grace_reaches_the_kernel_bad_ones_refused(kubeconfig: None) -> None:
+    from traitlets import TraitError
+
+    sp = make_spawner([], lifeline_grace_seconds=20)
+    assert sp.get_env()[settings.ENV_LIFELINE_GRACE_S] == "20"
+    assert from_environ({settings.ENV_LIFELINE_GRACE_S: "20"}).lifeline_grace_s == 20  # what the kernel reads
+    for bad in (5, 86400):
+        with pytest.raises(TraitError):
+            make_spawner([], lifeline_grace_seconds=bad)
 
 
 async def test_mig_and_limit_factor_and_no_sticky_gpu(kubeconfig: None) -> None:

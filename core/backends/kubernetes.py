@@ -80,8 +80,8 @@ class KubernetesBackend(Backend):
         self.notebook_labels: dict[str, str] | None = (
             mf.notebook_pod_labels(settings.user) if settings.pod_name else None
         )
-        self.lifeline_grace_s: float = lifeline.LIFELINE_GRACE_S
-        self.lifeline_renew_s: float = lifeline.LIFELINE_RENEW_S
+        self.lifeline_grace_s: float = settings.lifeline_grace_s
+        self.lifeline_renew_s: float = lifeline.renew_every(settings.lifeline_grace_s)
 
     async def _root(self, name: str) -> dict[str, Any] | None:
         return await self.kube.read_job(name, self.namespace)

@@ -14,8 +14,12 @@ from typing import Any
 
 from .cluster import KubeApi
 
-LIFELINE_GRACE_S = 60  # a kernel gone this long: the cluster ends its attached jobs
-LIFELINE_RENEW_S = 20.0
+LIFELINE_RENEW_S = 20.0  # the grace is tfdist.settings' lifeline_grace_s (TFDIST_LIFELINE_GRACE_S)
+
+
+def renew_every(grace_s: float) -> float:
+    """A third of the grace (at most LIFELINE_RENEW_S): two renewals can fail before the deadline passes."""
+    return min(LIFELINE_RENEW_S, grace_s / 3)
 
 
 def deadline_for(started: float, now: float, grace_s: float) -> int:
