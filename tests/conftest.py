@@ -27,14 +27,12 @@ _UNKNOWN_S = 3.0  # a test never timed here yet
 
 def _group(item: pytest.Item) -> str:
     names = set(getattr(item, "fixturenames", ()))
-    if (
-        (KWOK_FIXTURES | REALNODE_FIXTURES) & names
-        or item.get_closest_marker("k8s")
-        or item.get_closest_marker("realnode")
-    ):
-        # one worker for every cluster test: the kwok plane takes free ports at random, and with the real
-        # cluster down (its teardown tests) it once took the real API server's port (tried: two groups)
-        return "cluster"
+    if REALNODE_FIXTURES & names or item.get_closest_marker("realnode"):
+        return "realnode"  # one machine-wide real cluster: all its tests on one worker
+    if KWOK_FIXTURES & names or item.get_closest_marker("k8s"):
+        # one kwok plane per run; its ports come from a block of their own (tests/kube_plane.py), so it
+        # runs beside the real cluster, up or down
+        return "kwok"
     return item.module.__name__ if item.module else item.nodeid.split("::")[0]
 
 
@@ -50,11 +48,11 @@ def _durations() -> dict[str, float]:
 def pytest_collection_modifyitems(config, items):
     """Group tests for pytest-xdist (scripts/test runs ``--dist loadgroup``) and hand out the longest first.
 
-    A module stays on one worker so its module-scoped fixtures (a trained job, a hub) are built once, and
-    every test that touches a cluster shares one worker (one kwok plane per run, and the real cluster). Groups
-    go out longest first by the last run's durations (on a machine that has none, the cluster group first);
-    within the cluster group the tests that leave the cluster down come last (a later test would wait for a
-    fresh `up`).
+    A module stays on one worker so its module-scoped fixtures (a trained job, a hub) are built once; the
+    kwok-plane tests share one worker (one plane per run) and the real-node tests another (the real cluster
+    is machine-wide). Groups go out longest first by the last run's durations (on a machine that has none,
+    the two cluster groups first); within the real-node group the tests that leave the cluster down come
+    last (a later test would wait for a fresh `up`).
     """
     known = _durations()
     weight: dict[str, float] = {}
@@ -64,7 +62,8 @@ def pytest_collection_modifyitems(config, items):
         item.stash[_GROUP] = group
         weight[group] = weight.get(group, 0.0) + known.get(item.nodeid, _UNKNOWN_S)
     if not known:
-        weight["cluster"] = weight.get("cluster", 0.0) + 1e6
+        for g in ("realnode", "kwok"):
+            weight[g] = weight.get(g, 0.0) + 1e6
 
     def order(it: pytest.Item) -> tuple[float, str, bool]:
         g = it.stash[_GROUP]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -240,6 +241,25 @@ def server_process(user: str) -> psutil.Process:
             if "jupyterhub.singleuser" in cmd and p.environ().get("JUPYTERHUB_USER") == user:
                 return p
     raise AssertionError(f"no server process of {user}")
+
+
+class MemoryPeak:
+    """Samples the server's process tree (what the hub's watchdog adds up) every 0.2 s."""
+
+    def __init__(self, proc: psutil.Process):
+        self.proc, self.peak, self._stop = proc, 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss(self.proc))
+            time.sleep(0.2)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return self.peak
 
 
 def tree_rss(p: psutil.Process) -> int:

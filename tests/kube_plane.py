@@ -24,6 +24,7 @@ import datetime
 import ipaddress
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -74,10 +75,31 @@ def missing_binaries(bin_dir: Path) -> list[str]:
     return [b for b in BINARIES if not os.access(bin_dir / b, os.X_OK)]
 
 
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+# Listening ports of a plane come from a block below the ephemeral range (32768-60999 here): a port picked
+# from that range is free when checked but can become an outgoing connection's source port before the
+# component binds it. The kwok plane and the real node's plane get blocks of their own, so the two can run
+# side by side (on two test workers) and neither takes the real cluster's fixed ports (6443, 10248-10256).
+KWOK_PORTS = (20000, 26000)
+REALNODE_PORTS = (26000, 32000)
+
+
+def free_port(address: str = "127.0.0.1", block: tuple[int, int] | None = None) -> int:
+    """A port nothing listens on; from ``block`` (a random one, so two planes rarely try the same) or else
+    from the kernel's ephemeral range."""
+    if block is None:
+        with socket.socket() as s:
+            s.bind((address, 0))
+            return s.getsockname()[1]
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(*block)
+        with socket.socket() as s:  # no SO_REUSEADDR: a port in TIME_WAIT counts as taken
+            try:
+                s.bind((address, port))
+            except OSError:
+                continue
+            return port
+    raise ControlPlaneError(f"no free port in {block[0]}-{block[1] - 1} on {address}")
 
 
 try:  # resolved before any fork: the child must not dlopen/dlsym
@@ -226,11 +248,13 @@ class ControlPlane:
         apiserver_port: int | None = None,
         workdir: str | os.PathLike | None = None,
         detach: bool = False,
+        port_block: tuple[int, int] = KWOK_PORTS,
     ):
         self.bin_dir = Path(bin_dir) if bin_dir else find_bin_dir()
         self.kwok_dir = Path(kwok_dir) if kwok_dir else KWOK_DIR
         self.address = address
         self.apiserver_port = apiserver_port
+        self.port_block = port_block
         self.fixed_workdir = Path(workdir) if workdir else None
         self.detach = detach
         self.workdir: Path | None = None
@@ -240,6 +264,12 @@ class ControlPlane:
         self.start_seconds: float | None = None
         self._node_seq = 0
         self._ssl: ssl.SSLContext | None = None
+
+    def _free_port(self, address: str) -> int:
+        taken = set(self.ports.values())
+        while (port := free_port(address, self.port_block)) in taken:
+            pass  # picked but not bound yet by an earlier component of this plane
+        return port
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -468,8 +498,8 @@ class ControlPlane:
             f'{kwok_token},kwok,uid-kwok,"system:masters"\n'
         )
         for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
-            self.ports[name] = free_port()
-        self.ports["kube-apiserver"] = self.apiserver_port or free_port(self.address)
+            self.ports[name] = self._free_port("127.0.0.1")
+        self.ports["kube-apiserver"] = self.apiserver_port or self._free_port(self.address)
         self.server = f"https://{self.address}:{self.ports['kube-apiserver']}"
         self._ssl = ssl.create_default_context(cafile=self.ca_file)
 

@@ -808,7 +808,12 @@ def up(build: bool = True) -> dict:
         setup_network()
         save_state({**state, "network": True})
         plane = NodePlane(
-            plane_bin_dir(), address=NODE_IP, apiserver_port=API_PORT, workdir=STATE / "plane", detach=True
+            plane_bin_dir(),
+            address=NODE_IP,
+            apiserver_port=API_PORT,
+            workdir=STATE / "plane",
+            detach=True,
+            port_block=kube_plane.REALNODE_PORTS,
         )
         # Files first (the plane's PKI signs the node's certificates), then processes.
         plane._prepare()

@@ -12,9 +12,7 @@ import signal
 import time
 from typing import Any
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from tests.conftest import SETUP_CODE
 from tests.kernels import Kernel, job_processes, kernel_env, wait_gone
@@ -166,37 +164,6 @@ def test_interrupt_is_one_line_same_reason_everywhere_one_chart_and_busy_through
     opened = {m["content"]["comm_id"] for m in w.msgs if m["msg_type"] == "comm_open"}
     closed = {m["content"]["comm_id"] for m in w.msgs if m["msg_type"] == "comm_close"}
     assert len(opened) > 30 and opened <= closed
-
-
-def test_a_saved_notebook_keeps_one_picture_of_the_run(tmp_path):
-    """nbclient runs a notebook as JupyterLab would save it: the job cell's outputs hold the PNG once and
-    no widget view."""
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(SETUP_CODE),
-        nbformat.v4.new_code_cell(
-            "%%tfdist run --name saved --workers 1 --ps 1\n"
-            "history = model.fit(train_ds, epochs=2, steps_per_epoch=5)\n"
-        ),
-    ]
-    env = kernel_env(str(tmp_path / "state"))
-    old = dict(os.environ)
-    os.environ.update(env)
-    try:
-        NotebookClient(
-            nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-        ).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    outs = nb.cells[1].outputs
-    pictures = [
-        o for o in outs if o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
-    ]
-    widgets = [o for o in outs if WIDGET in o.get("data", {})]
-    assert len(pictures) == 1 and not widgets, outs
-    assert "saved: succeeded" in pictures[0]["data"]["text/plain"]
-    assert any("succeeded" in o.get("text", "") for o in outs if o.get("output_type") == "stream")
 
 
 def test_a_job_without_progress_is_called_stuck_with_its_cpu(tf_kernel):

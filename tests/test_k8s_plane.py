@@ -144,3 +144,24 @@ async def test_kwok_fail_stage_fails_labelled_pod(k8s_plane, k8s_api, k8s_namesp
     term = pod.status.container_statuses[0].state.terminated
     assert (term.exit_code, term.reason) == (137, "OOMKilled")
     assert pod.spec.node_name
+
+
+def test_plane_ports_come_from_the_planes_own_block_and_skip_taken_ones(k8s_plane):
+    """The kwok plane and the real node's plane run side by side on two test workers: each listens only in
+    its own block below the ephemeral range, and a port already taken is never handed out."""
+    import socket
+
+    from tests import kube_plane
+
+    lo, hi = kube_plane.KWOK_PORTS
+    assert all(lo <= p < hi for p in k8s_plane.ports.values()), k8s_plane.ports
+    assert kube_plane.KWOK_PORTS[1] <= kube_plane.REALNODE_PORTS[0]  # disjoint
+    assert kube_plane.REALNODE_PORTS[1] <= 32768  # under the ephemeral range: no connection's source port
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        held.listen()
+        block = (taken, taken + 2)
+        assert {kube_plane.free_port("127.0.0.1", block) for _ in range(20)} == {taken + 1}
+        with pytest.raises(kube_plane.ControlPlaneError, match="no free port"):
+            kube_plane.free_port("127.0.0.1", (taken, taken + 1))

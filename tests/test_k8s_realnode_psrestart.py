@@ -32,7 +32,7 @@ from tfdist.kube import manifests as mf
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 
-EPOCHS = 16
+EPOCHS = 10
 
 
 def follow_logs(ns: str, pods: list[dict], where) -> list[subprocess.Popen]:

@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from tests.hub_fixtures import LocalHubCommand, start_local_hub_command
-from tests.hub_user import job_processes, server_process
+from tests.hub_user import MemoryPeak, job_processes, server_process
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -170,6 +170,10 @@ def test_a_new_user_from_login_to_the_jobs_panel(hub: LocalHubCommand) -> None:
             shot(page, "3-lab")
 
             # ---- 4. Run All ------------------------------------------------------------------------------
+            # what the hub's memory watchdog adds up: the server's whole tree stays under its limit
+            server = server_process(USER)
+            limit = int(server.environ()["MEM_LIMIT"])
+            peak = MemoryPeak(server)
             run_all(page)
             monitor = page.locator(".tfdist-monitor").first
             expect(monitor).to_be_visible(timeout=300_000)
@@ -181,8 +185,20 @@ def test_a_new_user_from_login_to_the_jobs_panel(hub: LocalHubCommand) -> None:
             expect(final).to_be_visible(timeout=900_000)
             final.scroll_into_view_if_needed()
             shot(page, "5-done")
+            high = peak.stop()
             text = page.locator(".jp-NotebookPanel").inner_text()
             assert "Traceback" not in text, text[-3000:]
+            m = re.search(
+                r"test accuracy ([0-9.]+) -> ([0-9.]+); loss by epoch: \[(.*?)\]", final.inner_text()
+            )
+            assert m, final.inner_text()
+            assert float(m.group(2)) > 0.85 and len(m.group(3).split(",")) == 8, m.group(0)
+            # no red box of TensorFlow's start-up noise under the first cell
+            first = page.locator(".jp-CodeCell").first
+            expect(first.locator('[data-mime-type="application/vnd.jupyter.stderr"]')).to_have_count(0)
+            assert high < limit, f"the server used {high / 2**30:.2f} GiB, over its {limit / 2**30:.2f} GiB"
+            assert "memory watchdog" not in hub.output()  # nothing of this server was killed for memory
+            assert len(server.cpu_affinity()) == 1  # the default is the 1-core server the main job was about
 
             # ---- 5. the panel on the finished job ------------------------------------------------------
             item = panel.locator(".tfdist-job").first

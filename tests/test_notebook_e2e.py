@@ -28,9 +28,13 @@ def test_example_notebook_trains_and_returns_weights(examples_dir, tmp_path):
 
     run_cell = next(c for c in nb.cells if c.source.startswith("%%tfdist run"))
     mimes = [m for o in run_cell.outputs for m in o.get("data", {})]
-    # the live monitor's output was replaced by the run's picture: one chart in the saved notebook, not two
+    # the live monitor's output was replaced by the run's picture: one chart in the saved notebook (as
+    # JupyterLab saves it), not two, and no widget view that would show as an error without the kernel
     assert "application/vnd.jupyter.widget-view+json" not in mimes
     assert mimes.count("image/png") == 1
+    (picture,) = [o for o in run_cell.outputs if "image/png" in o.get("data", {})]
+    assert picture["output_type"] == "display_data"
+    assert re.search(r"tfdist-\w+: succeeded", picture["data"]["text/plain"]), picture["data"]["text/plain"]
     text = "".join(o.get("text", "") for o in run_cell.outputs if o.output_type == "stream")
     assert "succeeded; weights of model updated; set history, final_loss" in text
 
