@@ -157,9 +157,16 @@ def test_plane_ports_come_from_the_planes_own_block_and_skip_taken_ones(k8s_plan
     assert all(lo <= p < hi for p in k8s_plane.ports.values()), k8s_plane.ports
     assert kube_plane.KWOK_PORTS[1] <= kube_plane.REALNODE_PORTS[0]  # disjoint
     assert kube_plane.REALNODE_PORTS[1] <= 32768  # under the ephemeral range: no connection's source port
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        taken = held.getsockname()[1]
+    for taken in range(lo, hi - 1):  # two neighbouring ports of the block, the first then held
+        held = socket.socket()
+        try:
+            held.bind(("127.0.0.1", taken))
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", taken + 1))
+            break
+        except OSError:
+            held.close()
+    with held:
         held.listen()
         block = (taken, taken + 2)
         assert {kube_plane.free_port("127.0.0.1", block) for _ in range(20)} == {taken + 1}
