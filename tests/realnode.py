@@ -643,7 +643,9 @@ def tail(name: str, lines: int = 15) -> str:
         return ""
 
 
-def wait(what: str, check, timeout: float, procs: list[Proc]) -> float:
+def wait(what: str, check, timeout: float, procs: list[Proc], log: str = "") -> float:
+    """Seconds until check() holds; ClusterError if a process exits or timeout passes (with `log`'s tail:
+    what the component that should have done it said)."""
     t0 = time.monotonic()
     last: Exception | None = None
     while True:
@@ -656,7 +658,10 @@ def wait(what: str, check, timeout: float, procs: list[Proc]) -> float:
         except (OSError, ValueError, urllib.error.URLError, subprocess.SubprocessError, ClusterError) as e:
             last = e
         if time.monotonic() - t0 > timeout:
-            raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what} (last error: {last!r})")
+            said = f"; {log}.log:\n{tail(log, 40)}" if log else ""
+            raise ClusterError(
+                f"timed out after {timeout:.0f} s waiting for {what} (last error: {last!r}){said}"
+            )
         time.sleep(0.2)
 
 
@@ -840,7 +845,7 @@ def up(build: bool = True) -> dict:
         args = node_args(plane)
         spawn("kubelet", nb / "kubelet", args["kubelet"], procs)
         save_state({**state, "network": True, "procs": [p.__dict__ for p in procs]})
-        timings["kubelet"] = wait("node Ready", lambda: node_ready(plane), 90, procs)
+        timings["kubelet"] = wait("node Ready", lambda: node_ready(plane), 90, procs, log="kubelet")
         spawn("kube-proxy", nb / "kube-proxy", args["kube-proxy"], procs)
         spawn("coredns", nb / "coredns", args["coredns"], procs)
         spawn("kube-router", nb / "kube-router", args["kube-router"], procs)
@@ -848,20 +853,23 @@ def up(build: bool = True) -> dict:
         timings["kube-proxy"] = wait(
             "kube-proxy rules for the kubernetes Service",
             lambda: "KUBE-SVC" in run("iptables-save", "-t", "nat"),
-            60,
+            120,  # once (CI, 2 cores busy) not within 60 s: the log says why if it happens again
             procs,
+            log="kube-proxy",
         )
         timings["coredns"] = wait(
             "CoreDNS answering kubernetes.default",
             lambda: dns_query("kubernetes.default.svc.cluster.local") == ["10.0.0.1"],
             60,
             procs,
+            log="coredns",
         )
         timings["kube-router"] = wait(
             "kube-router's firewall chains",
             lambda: "KUBE-ROUTER-FORWARD" in run("iptables-save", "-t", "filter"),
             60,
             procs,
+            log="kube-router",
         )
     except BaseException as e:
         known = isinstance(e, ClusterError | kube_plane.ControlPlaneError)
