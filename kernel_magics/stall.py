@@ -4,7 +4,9 @@
 connection TensorFlow keeps retrying) would wait forever. Progress is any change of phase, epoch or step
 (the coordinator's heartbeat); without one for `limit_s`, the cell says once that the job looks stuck,
 with each task's CPU (near 0% everywhere: waiting for something that will not come) and how to stop it.
-The job is not ended: a long evaluation or a loop that reports nothing may be fine.
+The job is not ended: a long evaluation or a loop that reports nothing may be fine. Once the cell's code
+is done ("returning": the coordinator writes the results back) there is no training left to stall, so a
+slow write-back under load is not called stuck.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..jobview import JobView
+
+NOT_TRAINING = {"returning"}  # coordinator phases after the cell's code ended
 
 
 def _duration(s: float) -> str:
@@ -47,7 +51,12 @@ class StallWatch:
                 self.stalled = False
                 return f"tfdist: job {view.name} is making progress again"
             return None
-        if self.stalled or view.state != "running" or now - self._since < self.limit_s:
+        if (
+            self.stalled
+            or view.state != "running"
+            or view.phase in NOT_TRAINING
+            or now - self._since < self.limit_s
+        ):
             return None
         self.stalled = True
         where = f"{view.phase or 'running'}, epoch {view.epoch}/{view.epochs or '?'}, step {view.step}"
