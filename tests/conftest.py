@@ -73,17 +73,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 _timed: dict[str, float] = {}
+_failed: set[str] = set()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     nodeid = re.sub(r"@[\w.]+$", "", report.nodeid)  # xdist's loadgroup adds "@<group>"
     _timed[nodeid] = _timed.get(nodeid, 0.0) + report.duration
+    if report.failed:
+        _failed.add(nodeid)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput") or not _timed:  # the controller (or a serial run) writes it
         return
-    merged = _durations() | {k: round(v, 2) for k, v in _timed.items()}
+    # a test that failed or errored keeps its last good time: a cluster that did not come up ends its
+    # group in seconds, and that group would then be handed out last the next time
+    merged = _durations() | {k: round(v, 2) for k, v in _timed.items() if k not in _failed}
     with contextlib.suppress(OSError):
         DURATIONS.parent.mkdir(parents=True, exist_ok=True)
         tmp = DURATIONS.with_suffix(f".{os.getpid()}.tmp")
