@@ -319,10 +319,37 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
     async def poll(self) -> int | None:
         """The base class asks only whether the PID exists; it must also still be the server."""
         started = self._tfdist_server_created
-        if self.pid and started is not None and not ProcessId(self.pid, started).alive():
-            self.clear_state()
+        if (
+            self.proc is None
+            and self.pid
+            and started is not None
+            and not ProcessId(self.pid, started).alive()
+        ):
+            self.clear_state()  # adopted after a hub restart (no Popen): the start time is all we have
             return 0
-        return await super().poll()
+        return await super().poll()  # our own child: Popen knows (and reaps it)
+
+    async def _signal(self, sig: int) -> bool:
+        """Signal the server process, and nothing else.
+
+        The base class calls os.kill(self.pid, sig), and a pid of 0 there means the hub's whole process
+        group: whatever started the hub (a terminal's shell, a test runner) would get the SIGTERM or SIGKILL
+        meant for one server. So: our own child while it is not reaped (its pid cannot be reused), else the
+        saved pid only while it is still the server (start time), else nothing."""
+        if self.proc is not None:
+            if self.proc.poll() is not None:
+                return False
+            pid = self.proc.pid
+        else:
+            started = self._tfdist_server_created
+            if self.pid <= 0 or (started is not None and not ProcessId(self.pid, started).alive()):
+                return False
+            pid = self.pid
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     async def stop(self, now: bool = False) -> None:
         # kernels run in sessions of their own; remember them to end any the server leaves behind

@@ -436,3 +436,42 @@ def test_kill_recorded_checks_start_time() -> None:
         assert record_tree(proc.pid, dict(tree)) == {}  # gone: dropped from the record
     finally:
         _end(proc)
+
+
+STOP_WITHOUT_PID = """
+import asyncio, subprocess, sys
+sys.path[:0] = [{doubles!r}]
+from fake_nvml import FakeNvmlInventory
+from hub_objects import FakeHub, FakeHubUser
+from tfdist.spawner import local
+
+async def main():
+    sp = local.TfdistLocalSpawner(
+        user=FakeHubUser("alice"), hub=FakeHub(), gpu_inventory=FakeNvmlInventory([]), cgroup_mode="off",
+        interrupt_timeout=5, term_timeout=1, kill_timeout=1,
+    )
+    # adopted after a hub restart, pid cleared: nothing to signal (the base class: os.kill(0, sig))
+    sp.proc, sp.pid = None, 0
+    assert await sp._signal(15) is False
+    # our own server whose pid was cleared while it still runs: the stop ends that server only
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sp.proc, sp.pid = server, 0
+    await sp.stop()
+    print("stopped", server.poll())
+
+asyncio.run(main())
+"""
+
+
+def test_a_server_without_a_pid_never_signals_the_hubs_process_group(tmp_path: Path) -> None:
+    """JupyterHub's LocalProcessSpawner signals os.kill(self.pid, sig): with a pid of 0 that is the hub's
+    whole process group, i.e. whatever started the hub (two CI runs were ended by SIGTERM, then SIGKILL, in
+    the middle of the culler test). The hub here runs in a session of its own, so a group signal shows as
+    its own death."""
+    code = STOP_WITHOUT_PID.format(doubles=str(Path(__file__).parent / "doubles"))
+    hub = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, start_new_session=True
+    )
+    assert hub.returncode == 0, (hub.returncode, hub.stderr[-2000:])
+    said = hub.stdout.split()
+    assert said[0] == "stopped" and said[1] != "None", hub.stdout  # the server ended, the hub lived
