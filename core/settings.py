@@ -31,6 +31,8 @@ ENV_GPU_RESOURCE = "TFDIST_GPU_RESOURCE"  # extended resource of the GPU model (
 ENV_USER = "TFDIST_USER"  # the hub user name (labels); falls back to JUPYTERHUB_USER / $USER
 ENV_STATE_DIR = "TFDIST_STATE_DIR"  # where local jobs keep sockets, logs and results
 ENV_LIFELINE_GRACE_S = "TFDIST_LIFELINE_GRACE_S"  # kernel gone this long: the cluster ends its attached jobs
+# the grace's default and bounds: the spawner's lifeline_grace_seconds takes the same (the one contract)
+LIFELINE_GRACE_S, LIFELINE_GRACE_MIN_S, LIFELINE_GRACE_MAX_S = 60, 15, 3600
 
 
 class SettingsError(TfdistError):
@@ -56,7 +58,12 @@ class Settings(BaseSettings):
     state_dir: str = Field("", validation_alias=ENV_STATE_DIR)
     # shorter frees a dead kernel's pods sooner but needs the API server reachable more often (one update per
     # a third of it); bounded so that a kernel cannot keep its jobs alive long after it is gone
-    lifeline_grace_s: int = Field(60, ge=15, le=3600, validation_alias=ENV_LIFELINE_GRACE_S)
+    lifeline_grace_s: int = Field(
+        LIFELINE_GRACE_S,
+        ge=LIFELINE_GRACE_MIN_S,
+        le=LIFELINE_GRACE_MAX_S,
+        validation_alias=ENV_LIFELINE_GRACE_S,
+    )
     # only to derive state_dir's default (a per-login runtime directory when there is one)
     xdg_runtime_dir: str = Field("", validation_alias="XDG_RUNTIME_DIR", exclude=True, repr=False)
 

@@ -78,9 +78,9 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         a team that trusts each other (README, "Isolation between users on Kubernetes").""",
     )
     lifeline_grace_seconds = Integer(
-        60,
-        min=15,
-        max=3600,
+        settings.LIFELINE_GRACE_S,
+        min=settings.LIFELINE_GRACE_MIN_S,
+        max=settings.LIFELINE_GRACE_MAX_S,
         config=True,
         help="""How long after a notebook kernel is gone (killed, its pod or node lost) the cluster ends the
         %%tfdist jobs attached to it (TFDIST_LIFELINE_GRACE_S). The kernel renews each job's deadline every

@@ -318,16 +318,15 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
 
     async def poll(self) -> int | None:
         """The base class asks only whether the PID exists; it must also still be the server."""
-        started = self._tfdist_server_created
-        if (
-            self.proc is None
-            and self.pid
-            and started is not None
-            and not ProcessId(self.pid, started).alive()
-        ):
+        if self.proc is None and self.pid and self._tfdist_saved_pid_gone():
             self.clear_state()  # adopted after a hub restart (no Popen): the start time is all we have
             return 0
         return await super().poll()  # our own child: Popen knows (and reaps it)
+
+    def _tfdist_saved_pid_gone(self) -> bool:
+        """The saved pid no longer names the server it was saved for (its start time differs)."""
+        started = self._tfdist_server_created
+        return started is not None and not ProcessId(self.pid, started).alive()
 
     async def _signal(self, sig: int) -> bool:
         """Signal the server process, and nothing else.
@@ -341,8 +340,7 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
                 return False
             pid = self.proc.pid
         else:
-            started = self._tfdist_server_created
-            if self.pid <= 0 or (started is not None and not ProcessId(self.pid, started).alive()):
+            if self.pid <= 0 or self._tfdist_saved_pid_gone():
                 return False
             pid = self.pid
         try:
