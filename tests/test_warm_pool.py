@@ -275,7 +275,7 @@ def test_memory_short_server_gets_no_pool_and_an_idle_pool_goes_first(tmp_path, 
     state = str(tmp_path)
     me = psutil.Process()
     before = {c.pid for c in me.children()}  # this worker's own (a control plane of other tests, say)
-    used = me.memory_info().rss
+    used = memory_used(me.pid)  # what the keeper counts: this worker and every child it has now
     # no room for one pooled process under 70% of the limit: no pool, nothing started
     monkeypatch.setenv("MEM_LIMIT", str(used + poolmod.ZYGOTE_BYTES))
     keeper = PoolKeeper(state)
