@@ -72,7 +72,10 @@ def _die_with_hub() -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the hub stops its services with SIGTERM
+    # The hub stops its services with SIGINT, then after 30 s SIGTERM. A hub started as `cmd &` from a script
+    # has SIGINT ignored, which Python (and so this service) inherits: take both back explicitly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     _die_with_hub()
     try:
         asyncio.run(_main())

@@ -310,7 +310,11 @@ class LocalHubCommand:
         stop_hub_process(self.proc)
 
 
-def start_local_hub_command(tmp: Path, *extra: str, timeout: float = 90) -> LocalHubCommand:
+def start_local_hub_command(
+    tmp: Path, *extra: str, timeout: float = 90, ignore_sigint: bool = False
+) -> LocalHubCommand:
+    """`tfdist-local-hub` as a user runs it; ignore_sigint: as `cmd &` from a script starts it (a shell
+    without job control starts background commands with SIGINT ignored, and children inherit that)."""
     import re
 
     port = free_port()
@@ -320,7 +324,13 @@ def start_local_hub_command(tmp: Path, *extra: str, timeout: float = 90) -> Loca
     args = [str(exe), "--port", str(port), "--state-dir", str(state)]
     args += ["--examples", str(REPO / "examples"), "--notebook", "digits.ipynb", *extra]
     with open(log_path, "wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=hub_env())
+        proc = subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=hub_env(),
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None,
+        )
     hub = LocalHubCommand(f"http://127.0.0.1:{port}", "", proc, state, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:

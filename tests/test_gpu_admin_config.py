@@ -274,3 +274,28 @@ def test_the_service_ends_with_a_hub_killed_outright(tmp_path: Path) -> None:
         for p in family:
             with contextlib.suppress(psutil.Error):
                 p.kill()
+
+
+def test_the_service_stops_at_once_for_a_hub_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """The hub stops its services with SIGINT first and waits 30 s before SIGTERM. A hub started from a
+    script as `tfdist-local-hub &` has SIGINT ignored, and the service inherited that, so every hub
+    shutdown took 30 s more."""
+    import psutil
+
+    from tests.hub_fixtures import start_local_hub_command
+
+    hub = start_local_hub_command(tmp_path, ignore_sigint=True)
+    family = psutil.Process(hub.proc.pid).children(recursive=True)
+    try:
+        service = [p for p in family if "tfdist.hubadmin" in " ".join(p.cmdline())]
+        assert len(service) == 1
+        t0 = time.monotonic()
+        hub.proc.terminate()
+        hub.proc.wait(60)
+        took = time.monotonic() - t0
+        assert psutil.wait_procs(service, timeout=5)[1] == [], "the GPU admin service outlived its hub"
+        assert took < 20, f"the hub took {took:.0f} s to stop: its service ignored the hub's SIGINT"
+    finally:
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
