@@ -168,6 +168,8 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
                 )
                 for p in job_pods(real_cluster, ns, "digits")
             ],
+            # what the cell said (the coordinator's error, if it failed): the pods are gone by now
+            "\n".join(k.widget_texts(since))[-4000:],
         )
         ran = wait_for(
             "the replacement running or the fit over",
