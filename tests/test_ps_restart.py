@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.kernels import job_processes
-from tests.test_lifecycle import job_pids
+from tests.test_lifecycle import task_pids
 from tfdist.backends.local import LocalBackend
 from tfdist.errors import NoSuchJob
 
@@ -60,9 +60,8 @@ def test_lost_ps_is_restarted_and_the_fit_resumes_with_one_history(tf_kernel):
     with open(progress) as f:
         saved = json.load(f)
     assert saved["epoch"] >= 1 and len(saved["epoch_logs"]) == saved["epoch"]
-    pids = job_pids(tf_kernel.state_dir, name)
-    ps = next(p for p in pids[1:] if psutil.Process(p).environ().get("TFDIST_TASK") == "ps-0")
-    old_chief = next(p for p in pids[1:] if psutil.Process(p).environ().get("TFDIST_TASK") == "chief-0")
+    pids = task_pids(tf_kernel.state_dir, name)
+    ps, old_chief = pids["ps-0"], pids["chief-0"]
     os.kill(ps, signal.SIGKILL)
     th.join(600)
     assert box, "the cell did not end"

@@ -41,9 +41,11 @@ from tfdist.jobview import JobView, Reason, final_task_state, reason_for
 from tfdist.procid import ProcessId
 from tfdist.runtime import allreduce, events, history, lifeline, psrestart
 from tfdist.runtime.deathsig import die_with_parent
+from tfdist.runtime.forked import ForkServer
 from tfdist.runtime.outcome import coordinator_outcome
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.runtime.unixsock import short_path
+from tfdist.runtime.warmpool import zygote_env
 from tfdist.sampler import TaskProcess, TaskSampler
 from tfdist.taskenv import THREAD_VARS
 from tfdist.tf_config import TaskId
@@ -75,7 +77,7 @@ class Task:
     port: int
     env: dict[str, str]
     gpus: list[str] = field(default_factory=list)
-    proc: asyncio.subprocess.Process | None = None
+    proc: Any = None  # an asyncio.subprocess.Process, or a runtime.forked.ForkedProcess
     restarts: int = 0
     log: Any = None
     reader: asyncio.Task | None = None
@@ -146,6 +148,7 @@ class Supervisor:
         self.events_r: int | None = None
         self.recovery = psrestart.PsRestart(self.spec, jobdir)  # --checkpoint-every: a lost PS comes back
         self.pool: Any = None  # a runtime.warmpool.WarmPool when this supervisor was started warm
+        self.forks: ForkServer | None = None  # this job's fork server (runtime.forked) until chief-0 starts
 
     # ------------------------------------------------------------------ events
     def emit(self, ev: Event | dict[str, Any]) -> None:
@@ -211,8 +214,15 @@ class Supervisor:
         task.log = task.log or RollingLog(os.path.join(self.jobdir, "logs", f"{task.name}.log"))
         argv = [self.jobdir] if module.endswith("coordinator") else []
         cwd = self.launch.get("cwd") or self.jobdir
-        # a warm pool's zygote (TensorFlow already imported) becomes the task when it can (runtime.warmpool)
-        pooled = self.pool.become(task.name, module, argv, task.env, cwd, extra_fds) if self.pool else None
+        # a warm pool's zygote (TensorFlow already imported) becomes the task when it can (runtime.warmpool),
+        # else the job's fork server forks it (runtime.forked), else it starts fresh
+        pooled: Any = (
+            self.pool.become(task.name, module, argv, task.env, cwd, extra_fds) if self.pool else None
+        )
+        if pooled is None and self.forks is not None:
+            pooled = await self.forks.spawn(task.name, module, argv, task.env, cwd, extra_fds)
+        if task.name == "chief-0":
+            self._close_forks()  # started last: the job's later restarts start fresh
         task.proc = pooled or await asyncio.create_subprocess_exec(
             sys.executable,
             "-u",
@@ -235,7 +245,18 @@ class Supervisor:
             )
         )
 
-    async def _read_log(self, task: Task, proc: asyncio.subprocess.Process) -> None:
+    async def _start_forks(self) -> None:
+        """Import TensorFlow once for the job's tasks, from the first moment (not with a warm pool, whose
+        zygotes imported it already)."""
+        if self.pool is None:
+            self.forks = await ForkServer.start(zygote_env(self._base_env()), _die_with_parent)
+
+    def _close_forks(self) -> None:
+        if self.forks is not None:
+            self.forks.close()
+            self.forks = None
+
+    async def _read_log(self, task: Task, proc: Any) -> None:
         """Chunks, not lines: output of any shape flows, so a task never blocks writing it."""
         assert proc.stdout is not None
         lines = LineSplitter()
@@ -460,6 +481,7 @@ class Supervisor:
 
     async def run(self) -> int:
         os.makedirs(os.path.join(self.jobdir, "logs"), exist_ok=True)
+        await self._start_forks()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(
@@ -583,6 +605,7 @@ class Supervisor:
         return (out.state, out.message, out.error)
 
     async def _teardown(self, state: str) -> None:
+        self._close_forks()
         alive = [t for t in self.tasks.values() if t.proc is not None and t.proc.returncode is None]
         procs = [t.proc for t in alive if t.proc is not None]
         for p in procs:

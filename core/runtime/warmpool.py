@@ -58,6 +58,15 @@ def import_time_mismatch(zygote_env: dict[str, str], task_env: dict[str, str]) -
     )
 
 
+def fresh_start_reason(zygote_env: dict[str, str], task_env: dict[str, str]) -> str | None:
+    """Why a task cannot be a process that imported TensorFlow under `zygote_env` (None: it can)."""
+    if task_env.get("CUDA_VISIBLE_DEVICES"):
+        return "it has GPUs"  # CUDA's own start is not checked here
+    if diff := import_time_mismatch(zygote_env, task_env):
+        return "its environment differs where it is read at start: " + ", ".join(diff)
+    return None
+
+
 @dataclass
 class Zygote:
     proc: asyncio.subprocess.Process
@@ -123,13 +132,8 @@ class WarmPool:
         self, task: str, module: str, argv: list[str], env: dict[str, str], cwd: str, fds: tuple[int, ...]
     ) -> asyncio.subprocess.Process | None:
         """Turn a zygote into `task` (as `python -u -m module argv` with env, cwd and fds would start);
-        None when the task must start fresh: GPUs (CUDA's own start is not checked here), an environment
-        a zygote did not import under, or no zygote left."""
-        why = None
-        if env.get("CUDA_VISIBLE_DEVICES"):
-            why = "it has GPUs"
-        elif diff := import_time_mismatch(self.env, env):
-            why = "its environment differs where it is read at start: " + ", ".join(diff)
+        None when the task must start fresh (`fresh_start_reason`), or no zygote is left."""
+        why = fresh_start_reason(self.env, env)
         proc = None if why else self._hand_out(task, module, argv, env, cwd, fds)
         if proc is None:
             self.refused[task] = why or "no pooled process was left"

@@ -81,6 +81,22 @@ def _install_fds(expected: list[int], received: list[int], env: dict[str, str]) 
         os.close(got)
 
 
+def become(spec: dict, fds: list[int]) -> None:
+    """Run the task `spec` names in this process, as `python -u -m MODULE ARGV...` started with its
+    environment, working directory and `fds` would; fd 0 (the socket it came on) becomes /dev/null."""
+    env = {str(k): str(v) for k, v in spec["env"].items()}
+    _install_fds([int(n) for n in spec.get("fds", [])], fds, env)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # closes the pool's socket; a fresh task's stdin is /dev/null too
+    os.close(devnull)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(spec["cwd"])
+    sys.path[0] = os.getcwd()  # what `python -m` puts first
+    sys.argv = [spec["module"], *spec.get("argv", [])]
+    runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+
+
 def main() -> int:
     sock = socket.socket(fileno=0)
     try:
@@ -99,19 +115,8 @@ def main() -> int:
     if got is None:
         return 0
     set_name(name)
-    spec, fds = got
-    env = {str(k): str(v) for k, v in spec["env"].items()}
-    _install_fds([int(n) for n in spec.get("fds", [])], fds, env)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # closes the pool's socket; a fresh task's stdin is /dev/null too
-    os.close(devnull)
-    sock.detach()
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(spec["cwd"])
-    sys.path[0] = os.getcwd()  # what `python -m` puts first
-    sys.argv = [spec["module"], *spec.get("argv", [])]
-    runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+    sock.detach()  # fd 0 stays open until `become` puts /dev/null there; never closed twice
+    become(*got)
     return 0
 
 

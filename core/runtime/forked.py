@@ -1,0 +1,157 @@
+"""The supervisor's side of its job's fork server (runtime.forkserver): start it, fork tasks from it, and
+hold each forked task as the supervisor holds a task it started itself.
+
+A forked task is the supervisor's child (the supervisor is a child subreaper; the fork server's double
+fork hands each task to it), so the supervisor waits for it, reads its exit status and signals it as it
+does an `asyncio.subprocess.Process`; `ForkedProcess` offers the part of that interface it uses. The PID
+is held as a pidfd: no signal can reach another process that took the PID later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tfdist.runtime.warmpool import fresh_start_reason
+
+PR_SET_CHILD_SUBREAPER = 36
+DISABLE_ENV = "TFDIST_FORK_TASKS"  # "0": every task is a fresh process (as before the fork server)
+
+
+def become_subreaper() -> bool:
+    """Adopt this process's orphaned descendants (the forked tasks): False where the kernel refuses."""
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+class ForkedProcess:
+    """A forked task, waited for and signalled through a pidfd (it is this process's child)."""
+
+    def __init__(self, pid: int, stdout: asyncio.StreamReader):
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._pidfd = os.pidfd_open(pid)
+        loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[int] = loop.create_future()
+        loop.add_reader(self._pidfd, self._reap)
+
+    @classmethod
+    async def attach(cls, pid: int, stdout_fd: int) -> ForkedProcess:
+        reader = asyncio.StreamReader(limit=2**20)
+        loop = asyncio.get_running_loop()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(stdout_fd, "rb"))
+        return cls(pid, reader)
+
+    def _reap(self) -> None:
+        try:
+            got, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere: its status is lost
+            got, status = self.pid, 255 << 8
+        if got == 0:
+            return
+        asyncio.get_running_loop().remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self.returncode = os.waitstatus_to_exitcode(status)
+        if not self._exited.done():
+            self._exited.set_result(self.returncode)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._exited)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is not None:
+            return  # reaped: the PID may be another process's by now
+        signal.pidfd_send_signal(self._pidfd, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+async def _ready(sock: socket.socket) -> bool:
+    try:
+        return await asyncio.get_running_loop().sock_recv(sock, 16) == b"R"
+    except OSError:
+        return False
+
+
+@dataclass
+class ForkServer:
+    """One job's fork server: its tasks are forked from one TensorFlow import (until `close`)."""
+
+    proc: asyncio.subprocess.Process
+    sock: socket.socket
+    env: dict[str, str]
+    ready: asyncio.Task[bool]  # TensorFlow imported (False: it could not be, or the server is gone)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    forked: dict[str, int] = field(default_factory=dict)  # task -> PID, for the log and the tests
+
+    @classmethod
+    async def start(cls, env: dict[str, str], preexec: Callable[[], None]) -> ForkServer | None:
+        """Start importing TensorFlow now; None where tasks must start fresh (disabled, no subreaper)."""
+        if env.get(DISABLE_ENV) == "0" or not become_subreaper():
+            return None
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-u",
+                "-m",
+                "tfdist.runtime.forkserver",
+                env=env,
+                stdin=child.fileno(),
+                preexec_fn=preexec,
+            )
+        finally:
+            child.close()
+        parent.setblocking(False)
+        return cls(proc, parent, env, asyncio.ensure_future(_ready(parent)))
+
+    async def spawn(
+        self, task: str, module: str, argv: list[str], env: dict[str, str], cwd: str, fds: tuple[int, ...]
+    ) -> ForkedProcess | None:
+        """`task` forked, as `python -u -m module argv` with env, cwd and fds would start; None when it
+        must start fresh (its environment differs where TensorFlow's import reads it, it has GPUs, or the
+        server is gone)."""
+        why = fresh_start_reason(self.env, env)
+        if why is None and not await self.ready:
+            why = "the fork server could not import TensorFlow"
+        if why is not None:
+            print(f"tfdist fork server: {task} starts fresh: {why}", flush=True)
+            return None
+        async with self.lock:
+            r, w = os.pipe()
+            try:
+                msg = json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "fds": list(fds)})
+                loop = asyncio.get_running_loop()
+                try:
+                    socket.send_fds(self.sock, [msg.encode()], [w, *fds])
+                    reply = json.loads(await loop.sock_recv(self.sock, 4096) or b"{}")
+                except (OSError, ValueError) as exc:
+                    reply = {"error": str(exc) or type(exc).__name__}
+            finally:
+                os.close(w)
+            if "pid" not in reply:
+                os.close(r)
+                print(
+                    f"tfdist fork server: {task} starts fresh: {reply.get('error', 'no answer')}", flush=True
+                )
+                return None
+            self.forked[task] = int(reply["pid"])
+            return await ForkedProcess.attach(int(reply["pid"]), r)
+
+    def close(self) -> None:
+        """No more tasks: the server exits (its copy of TensorFlow's pages is no longer needed)."""
+        self.ready.cancel()
+        with contextlib.suppress(OSError):
+            self.sock.close()
