@@ -132,22 +132,22 @@ def job_processes() -> list[psutil.Process]:
 def idle_pool_of_live_kernel(p: psutil.Process) -> bool:
     """Whether `p` is part of a waiting warm pool (tfdist.backends.pool) whose kernel still runs: such a
     pool is the kernel's, not a job. Told by what the process is, not by its name (IDLE_NAME is set only
-    once TensorFlow is imported): its command line (python -m tfdist.runtime.warmpool / .zygote) and
-    what it still holds while it waits. A zygote waits with the pool's socket as stdin and has /dev/null
-    there once it became a task; the warm supervisor writes to the pool's log (STATE_PREFIX*.log) until it
+    once TensorFlow is imported): its command line (python -m tfdist.runtime.warmpool / .forkserver) and
+    what it still holds while it waits. A fork server waits with its socket as stdin, and a task forked
+    from it has /dev/null there; the warm supervisor writes to the pool's log (STATE_PREFIX*.log) until it
     takes a job, then to that job's supervisor.log. A pool whose kernel is gone counts as left behind."""
     try:
         cmd = p.cmdline()
-        if "tfdist.runtime.zygote" in cmd:
+        if "tfdist.runtime.forkserver" in cmd:
             if not os.readlink(f"/proc/{p.pid}/fd/0").startswith("socket:"):
-                return False  # it became a task
+                return False  # a forked task
             pool = p.parent()
         elif "tfdist.runtime.warmpool" in cmd:
             pool = p
         else:
             return False
         if pool is None or "tfdist.runtime.warmpool" not in pool.cmdline():
-            return False
+            return False  # a job's own fork server
         if not os.path.basename(os.readlink(f"/proc/{pool.pid}/fd/1")).startswith(STATE_PREFIX):
             return False  # the warm supervisor took a job: it and its tasks are that job's
         kernel = pool.parent()

@@ -48,9 +48,15 @@ def test_a_job_that_outgrows_the_server_is_stopped_and_the_kernel_lives(tf_kerne
     try:
         r = tf_kernel.execute(
             "%%tfdist run --name memhog\n"
-            "import numpy as np\n"
-            "hog = np.ones(2**27)  # 1 GiB on the coordinator\n"
-            "history = model.fit(train_ds, epochs=400, steps_per_epoch=40)\n",
+            "import numpy as np, time\n"
+            "history = model.fit(train_ds, epochs=1, steps_per_epoch=5)\n"
+            "hog = []\n"
+            # 256 MiB more every 0.2 s on the coordinator, until the supervisor stops the job (bounded at
+            # 6 GiB: a guard that never acts fails the test by its timeout, not the machine by OOM). The
+            # estimate's slack varies (forked tasks share their TensorFlow pages): growth crosses it anyway.
+            "for _ in range(24):\n"
+            "    hog.append(np.ones(2**25)); time.sleep(0.2)\n"
+            "time.sleep(600)\n",
             timeout=400,
         )
         assert r.error is not None, r.text[-2000:]

@@ -1,11 +1,12 @@
-"""The warm pool (tfdist.backends.pool, runtime.warmpool, runtime.zygote): a kernel's next local job starts
-in processes that imported TensorFlow beforehand, behaves as fresh processes would, and nothing of the pool
-outlives its kernel or stays when the server's memory is short."""
+"""The warm pool (tfdist.backends.pool, runtime.warmpool): a kernel's next local job's tasks are forked
+from a fork server that imported TensorFlow beforehand, behave as the first job's did, and nothing of the
+pool outlives its kernel or stays when the server's memory is short."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -14,9 +15,9 @@ import pytest
 
 from tests.kernels import Kernel, job_processes, kernel_env, wait_gone
 from tfdist.backends import pool as poolmod
-from tfdist.backends.pool import PoolKeeper, plan_size
-from tfdist.runtime.warmpool import import_time_mismatch
-from tfdist.runtime.zygote import IDLE_NAME
+from tfdist.backends.pool import PoolKeeper, may_start
+from tfdist.runtime.forked import import_time_mismatch
+from tfdist.runtime.forkserver import IDLE_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,7 @@ def _run(k: Kernel, name: str, workers: int) -> dict:
 
 
 def _pool_state(state_dir: str, kernel_pid: int, timeout: float = 180) -> dict:
-    """The kernel's pool record once every zygote has imported TensorFlow."""
+    """The kernel's pool record once its fork server has imported TensorFlow."""
     path = os.path.join(state_dir, f"{poolmod.STATE_PREFIX}{kernel_pid}.json")
     deadline = time.time() + timeout
     rec: dict = {}
@@ -76,7 +77,7 @@ def _pool_state(state_dir: str, kernel_pid: int, timeout: float = 180) -> dict:
         try:
             with open(path) as f:
                 rec = json.load(f)
-            if rec["zygotes"] and rec["ready"] == len(rec["zygotes"]):
+            if rec["forkserver"] and rec["ready"]:
                 return rec
         except (OSError, ValueError):
             pass
@@ -84,9 +85,12 @@ def _pool_state(state_dir: str, kernel_pid: int, timeout: float = 180) -> dict:
     raise TimeoutError(f"no ready pool for kernel {kernel_pid}: {rec}")
 
 
-def _task_pids(state_dir: str, name: str) -> dict[str, int]:
-    with open(os.path.join(state_dir, name, "state.json")) as f:
-        return {t: int(v["pid"]) for t, v in json.load(f)["tasks"].items()}
+def _forked(state_dir: str, name: str) -> dict[str, int]:
+    """The tasks the job's supervisor forked, as its log says (PIDs)."""
+    with open(os.path.join(state_dir, name, "supervisor.log")) as f:
+        log = f.read()
+    assert "starts fresh" not in log, log
+    return {m[0]: int(m[1]) for m in re.findall(r"fork server: (\S+) is forked process (\d+)", log)}
 
 
 def _thread_names(p: psutil.Process) -> list[str]:
@@ -111,25 +115,26 @@ def test_second_run_takes_the_pool_behaves_fresh_and_dies_with_the_kernel(tmp_pa
         fresh = _run(k, "first", workers=2)  # 4 tasks, all fresh: no pool before the first job
         assert fresh["changed"]
 
-        pool = _pool_state(state, k.pid)  # started after that job, bounded by TFDIST_POOL_SIZE=3
-        assert len(pool["zygotes"]) == 3
-        assert plan_size(4, state, None, {"TFDIST_POOL_SIZE": "3"})[0] == 0  # the server's pool is full
-        zygotes = [psutil.Process(p) for p in pool["zygotes"]]
-        assert all(z.ppid() == pool["pid"] for z in zygotes)
+        pool = _pool_state(state, k.pid)  # started after that job: one fork server
+        assert not may_start(state, None, {"TFDIST_POOL_SIZE": "1"})[0]  # bounded: the server's pool is full
+        assert may_start(state, None, {"TFDIST_POOL_SIZE": "2"})[0]
+        server = psutil.Process(pool["forkserver"])
+        assert server.ppid() == pool["pid"]
         # named as an idle pool while it waits (what tells it from a job), its own name back once a task
-        assert {z.name() for z in zygotes} | {psutil.Process(pool["pid"]).name()} == {IDLE_NAME}
+        assert {server.name(), psutil.Process(pool["pid"]).name()} == {IDLE_NAME}
         assert job_processes() == []  # no job runs: an idle pool is not one
-        for z in zygotes:  # no OpenMP runtime loaded at import: OMP_NUM_THREADS is read after becoming
-            maps = open(f"/proc/{z.pid}/maps").read()
-            assert "libgomp" not in maps and "libiomp" not in maps
-            # and no TensorFlow thread pool yet: every pool is made after the task's env is applied
-            assert [t for t in _thread_names(z) if t.startswith("tf_")] == [], _thread_names(z)
+        # no OpenMP runtime loaded at import: OMP_NUM_THREADS is read after the fork became the task
+        maps = open(f"/proc/{server.pid}/maps").read()
+        assert "libgomp" not in maps and "libiomp" not in maps
+        # and no TensorFlow thread pool yet: every pool is made after the task's env is applied
+        assert [t for t in _thread_names(server) if t.startswith("tf_")] == [], _thread_names(server)
 
-        warm = _run(k, "second", workers=1)  # 3 tasks: every one a pooled process
+        warm = _run(k, "second", workers=1)  # 3 tasks: every one forked from the pool's server
         assert warm["changed"], "the pooled job did not train"
-        pids = _task_pids(state, "second")
-        assert sorted(pids.values()) == sorted(pool["zygotes"]), (pids, pool)
+        pids = _forked(state, "second")
+        assert sorted(pids) == ["chief-0", "ps-0", "worker-0"], pids
         assert warm["pid"] == pids["chief-0"]
+        assert warm["name"] != IDLE_NAME
         with open(os.path.join(state, "second", "state.json")) as f:
             assert json.load(f)["pid"] == pool["pid"]  # the pool's supervisor ran the job
 
@@ -140,8 +145,8 @@ def test_second_run_takes_the_pool_behaves_fresh_and_dies_with_the_kernel(tmp_pa
         # tf_Compute threads per task are not a pool's size: a task holds one inter-op pool per live context
         # (its server's, its eager context, remote contexts a chief opened) and names are inherited by
         # threads those start, so the counts vary with timing (4 to 13 in a FRESH job under load). What
-        # the task env must decide is checked where it is exact: no pool exists in an idle zygote (above),
-        # TensorFlow's getenv sees the task's value here, and test_a_pooled_process_sizes_... below.
+        # the task env must decide is checked where it is exact: no pool exists in an idle fork server
+        # (above), TensorFlow's getenv sees the task's value here, and test_a_forked_task_sizes_... below.
         assert warm["env_inter"] == fresh["env_inter"] == warm["c_inter"] == "2"
         for key in ("cwd", "path0", "oom", "stdin", "name"):
             assert warm[key] == fresh[key], key
@@ -150,7 +155,7 @@ def test_second_run_takes_the_pool_behaves_fresh_and_dies_with_the_kernel(tmp_pa
 
         # the pool that follows dies with its kernel: nothing of it is left after a SIGKILL
         again = _pool_state(state, k.pid)
-        owned = [again["pid"], *again["zygotes"]]
+        owned = [again["pid"], again["forkserver"]]
         os.kill(k.pid, signal.SIGKILL)
         assert wait_gone(owned, 15) == [], "pooled processes outlived their kernel"
     finally:
@@ -158,7 +163,7 @@ def test_second_run_takes_the_pool_behaves_fresh_and_dies_with_the_kernel(tmp_pa
 
 
 def _pool_record(state_dir: str, kernel_pid: int, timeout: float = 60) -> dict:
-    """The kernel's pool record as soon as it exists (its zygotes may still be importing TensorFlow)."""
+    """The kernel's pool record as soon as it exists (its fork server may still be importing TensorFlow)."""
     path = os.path.join(state_dir, f"{poolmod.STATE_PREFIX}{kernel_pid}.json")
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -180,9 +185,8 @@ time.sleep(2)
 
 
 def test_a_job_taken_while_the_pool_still_imports_runs_its_cell_and_logs_it(tmp_path):
-    """The second job of a kernel, started at once after the first: its pool's zygotes are still importing
-    TensorFlow when they are handed the tasks (the pool has closed its end of their sockets by the time
-    they say they are ready). They must run the cell, not exit 0 with empty logs."""
+    """The second job of a kernel, started at once after the first: its pool's fork server is still
+    importing TensorFlow when the job comes. The tasks wait for it, run the cell and log it."""
     state = str(tmp_path / "state")
     k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="3"), cwd=str(tmp_path))
     try:
@@ -190,31 +194,30 @@ def test_a_job_taken_while_the_pool_still_imports_runs_its_cell_and_logs_it(tmp_
         r = k.execute(PLAIN.format(name="first"), timeout=300)
         assert r.error is None, r.error_text
         rec = _pool_record(state, k.pid)  # started when the first job ended
-        assert rec["ready"] < len(rec["zygotes"]), rec  # handed out before TensorFlow is imported
+        assert not rec["ready"], rec  # taken before TensorFlow is imported
         r = k.execute(PLAIN.format(name="second"), timeout=300)
         assert r.error is None, r.error_text
         with open(os.path.join(state, "second", "state.json")) as f:
             st = json.load(f)
         assert st["state"] == "succeeded", st
         assert st["pid"] == rec["pid"], "the job did not run in the pool's supervisor"
-        assert sorted(int(t["pid"]) for t in st["tasks"].values()) == sorted(rec["zygotes"])
-        with open(os.path.join(state, "second", "supervisor.log")) as f:
-            assert f.read().count(" is pooled process ") == 3
+        forked = _forked(state, "second")
+        assert forked == {t: int(v["pid"]) for t, v in st["tasks"].items()}, (forked, st["tasks"])
         with open(os.path.join(state, "second", "logs", "chief-0.log")) as f:
             log = f.read()
         assert "out of second" in log and "err of second" in log, log
 
         # the "no job process left" checks: the idle pool of a living kernel is not a job, whether or not
-        # its zygotes finished importing (named tfdist-pool only then) ...
+        # its fork server finished importing (named tfdist-pool only then) ...
         again = _pool_record(state, k.pid)
-        owned = {again["pid"], *again["zygotes"]}
+        owned = {again["pid"], again["forkserver"]}
         assert {p.pid for p in job_processes()} & owned == set()
         # ... but once its kernel is gone, what is left of it is (a pool frozen so it cannot end itself)
         os.kill(again["pid"], signal.SIGSTOP)
         os.kill(k.pid, signal.SIGKILL)
         assert wait_gone([k.pid], 15) == []
         assert {p.pid for p in job_processes()} >= owned, "a kernel's orphaned pool was not seen"
-        os.kill(again["pid"], signal.SIGKILL)  # its zygotes follow (death signal)
+        os.kill(again["pid"], signal.SIGKILL)  # its fork server follows (death signal)
         assert wait_gone(list(owned), 15) == []
     finally:
         k.shutdown()
@@ -229,46 +232,47 @@ print(json.dumps({"inter": names.count("tf_Compute"), "argv": sys.argv, "main": 
 """
 
 
+# Run in its own process: the driver becomes a child subreaper, as a supervisor does.
+THREADS_DRIVER = """
+import asyncio, json, os, sys
+from tfdist.runtime.forked import ForkServer, import_env
+
+async def main():
+    extra, core = json.loads(sys.argv[1]), int(sys.argv[2])
+    env = import_env({k: v for k, v in os.environ.items() if k != "TF_NUM_INTEROP_THREADS"})
+    fs = await ForkServer.start(env, lambda: os.sched_setaffinity(0, {core}))
+    task = await fs.spawn("probe", "probe", ["a1"], env | extra, os.getcwd(), ())
+    print((await task.stdout.read()).decode(), flush=True)
+    print(json.dumps({"code": await task.wait()}), flush=True)
+    fs.close()
+
+asyncio.run(main())
+"""
+
+
 @pytest.mark.parametrize("threads", ["3", ""])
-def test_a_pooled_process_sizes_tensorflow_pools_from_its_task_env(tmp_path, threads):
+def test_a_forked_task_sizes_tensorflow_pools_from_its_task_env(tmp_path, threads):
     """Exact: one process, one eager context, one inter-op pool of TF_NUM_INTEROP_THREADS threads (or
-    TensorFlow's own size for its one core, 1, without it), though the zygote imported TensorFlow
+    TensorFlow's own size for its one core, 1, without it), though its fork server imported TensorFlow
     before it had any task environment."""
-    import socket
     import subprocess
     import sys
 
     (tmp_path / "probe.py").write_text(PROBE)
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    env = {k: v for k, v in os.environ.items() if k != "TF_NUM_INTEROP_THREADS"}
-    env |= {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}
+    extra = {"TF_NUM_INTEROP_THREADS": threads} if threads else {}
     one_core = sorted(os.sched_getaffinity(0))[0]
-    z = subprocess.Popen(
-        [sys.executable, "-u", "-m", "tfdist.runtime.zygote"],
-        stdin=child.fileno(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        preexec_fn=lambda: os.sched_setaffinity(0, {one_core}),
-    )
-    child.close()
-    try:
-        parent.settimeout(180)
-        assert parent.recv(16) == b"R"  # TensorFlow imported, no task yet
-        task_env = env | ({"TF_NUM_INTEROP_THREADS": threads} if threads else {})
-        msg = {"module": "probe", "argv": ["a1"], "env": task_env, "cwd": str(tmp_path), "fds": []}
-        socket.send_fds(parent, [json.dumps(msg).encode()], [])
-        out, _ = z.communicate(timeout=120)
-    finally:
-        parent.close()
-        if z.poll() is None:
-            z.kill()
-            z.wait()
-    assert z.returncode == 0, out
-    got = json.loads(out.decode().strip().splitlines()[-1])
+    out = subprocess.run(
+        [sys.executable, "-c", THREADS_DRIVER, json.dumps(extra), str(one_core)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(lines) == 2 and lines[1] == {"code": 0}, out
     # and it runs as `python -m probe a1` would: argv[0] the module's file, as __main__
     want_argv = [str(tmp_path / "probe.py"), "a1"]
-    assert got == {"inter": int(threads or 1), "argv": want_argv, "main": "__main__"}, out
+    assert lines[0] == {"inter": int(threads or 1), "argv": want_argv, "main": "__main__"}, out
 
 
 def test_memory_short_server_gets_no_pool_and_an_idle_pool_goes_first(tmp_path, monkeypatch):
@@ -277,24 +281,23 @@ def test_memory_short_server_gets_no_pool_and_an_idle_pool_goes_first(tmp_path, 
     before = {c.pid for c in me.children()}  # this worker's own (a control plane of other tests, say)
     used = memory_used(me.pid)  # what the keeper counts: this worker and every child it has now
     # no room for one pooled process under 70% of the limit: no pool, nothing started
-    monkeypatch.setenv("MEM_LIMIT", str(used + poolmod.ZYGOTE_BYTES))
+    monkeypatch.setenv("MEM_LIMIT", str(used + poolmod.FORKSERVER_BYTES))
     keeper = PoolKeeper(state)
     launch = {"TFDIST_SERVER_PID": str(me.pid)}
     env = dict(os.environ) | {"TFDIST_POOL_SIZE": "1"}
-    assert not keeper.start([], 4, launch, env)
+    assert not keeper.start([], launch, env)
     assert "memory is short" in keeper.last_refusal and keeper.proc is None
     assert [c for c in me.children() if c.pid not in before] == []
 
     # room for one: it starts, and when the server's use grows past warmpool.DROP_SHARE it ends itself
-    limit = int((used + 2 * poolmod.ZYGOTE_BYTES) / 0.75)
+    limit = int((used + 2 * poolmod.FORKSERVER_BYTES) / 0.75)
     monkeypatch.setenv("MEM_LIMIT", str(limit))
     env["MEM_LIMIT"] = str(limit)
     monkeypatch.setenv("TFDIST_POOL_SIZE", "1")
     try:
-        assert keeper.start([], 4, launch, env)
+        assert keeper.start([], launch, env)
         rec = _pool_state(state, os.getpid())
-        assert len(rec["zygotes"]) == 1
-        owned = [rec["pid"], *rec["zygotes"]]
+        owned = [rec["pid"], rec["forkserver"]]
         ballast = bytearray(int(0.85 * limit) - memory_used(me.pid))  # the kernel grows
         ballast[::4096] = b"x" * len(ballast[::4096])  # touched: resident
         assert wait_gone(owned, 15) == [], "an idle pool stayed while the server's memory was short"
@@ -314,7 +317,7 @@ def memory_used(pid: int) -> int:
 def test_tasks_whose_start_environment_differs_start_fresh():
     zyg = {"PATH": "/bin", "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
     task = zyg | {"TF_CONFIG": "{}", "TF_NUM_INTEROP_THREADS": "2", "OMP_NUM_THREADS": "1"}
-    assert import_time_mismatch(zyg, task) == []  # read after the zygote became the task
+    assert import_time_mismatch(zyg, task) == []  # read after the fork became the task
     assert import_time_mismatch(zyg, task | {"TF_CPP_MIN_LOG_LEVEL": "2"}) == []  # the default both use
     assert import_time_mismatch(zyg, task | {"PYTHONPATH": "/x"}) == ["PYTHONPATH"]
     assert import_time_mismatch(zyg, task | {"TF_CPP_MIN_LOG_LEVEL": "0", "LD_PRELOAD": "a.so"}) == [
@@ -326,36 +329,7 @@ def test_tasks_whose_start_environment_differs_start_fresh():
         poolmod.DEFAULT_SIZE,
         poolmod.DEFAULT_MEMORY,
     )
-    assert plan_size(3, "/nonexistent", None, {"TFDIST_POOL_SIZE": "0"})[0] == 0
-
-
-def test_a_task_gets_a_zygote_that_finished_importing_before_one_still_importing():
-    """Zygotes become ready in any order (TensorFlow's import time varies): a task takes a ready one, and a
-    still-importing one only when no ready one is left."""
-    import asyncio
-    import socket
-
-    from tfdist.runtime.warmpool import WarmPool, Zygote
-
-    async def main() -> None:
-        procs, peers, pool = [], [], WarmPool(2, {}, lambda: None)
-        for ready in (False, True):  # the first started is still importing
-            proc = await asyncio.create_subprocess_exec("sleep", "60")
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            procs.append(proc)
-            peers.append(theirs)
-            pool.free.append(Zygote(proc, ours, ready=ready))
-        try:
-            got = pool.become("worker-0", "m", [], {}, "/", ())
-            assert got is procs[1] and pool.used == {"worker-0": procs[1].pid}
-            assert json.loads(peers[1].recv(4096))["module"] == "m"
-            got = pool.become("worker-1", "m", [], {}, "/", ())  # only the importing one is left
-            assert got is procs[0]
-        finally:
-            for p in procs:
-                p.kill()
-                await p.wait()
-            for s in peers:
-                s.close()
-
-    asyncio.run(main())
+    assert may_start("/nonexistent", None, {"TFDIST_POOL_SIZE": "0"}) == (
+        False,
+        "the server's pool is full (TFDIST_POOL_SIZE=0, TFDIST_POOL_MEMORY=3221225472, 0 pooled)",
+    )

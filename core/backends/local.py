@@ -108,7 +108,7 @@ class LocalBackend(Backend):
         self._lifelines: dict[str, subprocess.Popen] = {}
         self._wrapper: list[str] | None = None
         self._pool = PoolKeeper(state_dir)  # this kernel's warm pool for its next job (backends.pool)
-        self._pool_next: tuple | None = None  # (tasks, launch env, prefix, env) of its last job
+        self._pool_next: tuple | None = None  # (launch env, prefix, env) of its last job
 
     # ------------------------------------------------------------------ paths
     def jobdir(self, name: str) -> str:
@@ -183,7 +183,7 @@ class LocalBackend(Backend):
         env["PYTHONUNBUFFERED"] = "1"
         # a waiting warm pool of this kernel becomes the job's supervisor; a detached job starts fresh
         warm = None if spec.extra.get("detach") else self._pool.take(d, env)
-        self._pool_next = None if spec.extra.get("detach") else (spec.task_count, launch.env, prefix, env)
+        self._pool_next = None if spec.extra.get("detach") else (launch.env, prefix, env)
         errlog = open(os.path.join(d, "supervisor.log"), "wb")
         proc = warm or subprocess.Popen(
             [*prefix, sys.executable, "-m", "tfdist.runtime.supervisor", d],
@@ -364,8 +364,8 @@ class LocalBackend(Backend):
     def _warm_up(self) -> None:
         """After a job of this kernel, a warm pool for its next one, as the pool's bounds allow."""
         if self._pool_next is not None:
-            want, launch_env, prefix, env = self._pool_next
-            self._pool.start(prefix, want, launch_env, env)
+            launch_env, prefix, env = self._pool_next
+            self._pool.start(prefix, launch_env, env)
 
     def pool_bytes(self) -> int:
         """Memory held by this kernel's waiting pool: free for the next job, which takes it over."""

@@ -1,13 +1,14 @@
-"""The kernel's warm pool for local jobs: one waiting supervisor with TensorFlow-imported zygotes.
+"""The kernel's warm pool for local jobs: one waiting supervisor whose fork server imported TensorFlow.
 
-Why: most of a local job's start is every task importing TensorFlow. After a job of this kernel ends, a
-warm supervisor (tfdist.runtime.warmpool) is started with as many zygotes as that job had tasks (at most
-TFDIST_POOL_SIZE pooled processes per server, TFDIST_POOL_MEMORY bytes); the next `%%tfdist run` of this
-kernel hands it the job instead of starting a supervisor, and its tasks start with TensorFlow imported.
+Why: a job's supervisor forks its tasks from one TensorFlow import (runtime.forkserver), but that import
+still takes seconds at the job's start. After a job of this kernel ends, a warm supervisor
+(tfdist.runtime.warmpool) is started with its fork server (at most TFDIST_POOL_SIZE pooled processes per
+server, TFDIST_POOL_MEMORY bytes); the next `%%tfdist run` of this kernel hands it the job instead of
+starting a supervisor, and its tasks are forked at once.
 
 Bounds and ownership: the pool is this kernel's alone (a child of the kernel, in the user's state
 directory: never shared between users). Its stdin is the kernel's pipe, the same lifeline as a job's, and
-its zygotes die with it (PR_SET_PDEATHSIG), so nothing of it outlives the kernel. It is started only when
+its fork server dies with it (PR_SET_PDEATHSIG), so nothing of it outlives the kernel. It is started only when
 the server's memory stays under START_SHARE of its limit with it, it ends itself while idle when the
 server's use crosses warmpool.DROP_SHARE, and the magic counts it as free memory when it checks a job
 (the job turns the pool's processes into its own, or the pool is dropped first).
@@ -32,9 +33,9 @@ SIZE_ENV = "TFDIST_POOL_SIZE"  # pooled processes per server, all kernels togeth
 MEMORY_ENV = "TFDIST_POOL_MEMORY"  # bytes (or 2Gi, 1500Mi) the pooled processes of a server may hold
 DEFAULT_SIZE = 4
 DEFAULT_MEMORY = 3 * memfit.GiB
-# Idle RSS of one zygote (TensorFlow 2.21 CPU build with tf_keras imported, this project's CI machine,
+# Idle RSS of one fork server (TensorFlow 2.21 CPU build with tf_keras imported, this project's CI machine,
 # measured 591 MiB; much of it shared library pages, see README), rounded up.
-ZYGOTE_BYTES = 600 * memfit.MiB
+FORKSERVER_BYTES = 600 * memfit.MiB
 START_SHARE = 0.70  # a pool starts only if the server's memory use, with the pool, stays under this share
 STATE_PREFIX = "warm-pool-"
 
@@ -79,25 +80,21 @@ def live_pools(state_dir: str) -> list[dict]:
     return out
 
 
-def plan_size(
-    want: int, state_dir: str, server_pid: int | None, environ: dict[str, str] | None = None
-) -> tuple[int, str]:
-    """How many zygotes a new pool may have (0: none) and, when fewer than wanted, why."""
+def may_start(
+    state_dir: str, server_pid: int | None, environ: dict[str, str] | None = None
+) -> tuple[bool, str]:
+    """Whether a new pool (one fork server) fits the server's bounds and memory, and why not."""
     size, memory = configured(environ)
-    others = sum(len(r.get("zygotes") or []) for r in live_pools(state_dir))
-    n = min(want, size - others, memory // ZYGOTE_BYTES - others)
-    if n <= 0:
-        return 0, f"the server's pool is full ({SIZE_ENV}={size}, {MEMORY_ENV}={memory}, {others} pooled)"
+    others = len(live_pools(state_dir))
+    if min(size, memory // FORKSERVER_BYTES) - others < 1:
+        return False, f"the server's pool is full ({SIZE_ENV}={size}, {MEMORY_ENV}={memory}, {others} pooled)"
     budget = memfit.server_budget(server_pid, environ) if server_pid else None
-    if budget is not None:
-        while n > 0 and budget.used + n * ZYGOTE_BYTES > START_SHARE * budget.limit:
-            n -= 1
-        if n <= 0:
-            return 0, (
-                f"the server's memory is short ({budget.used / memfit.GiB:.2f} of "
-                f"{budget.limit / memfit.GiB:.2f} GiB in use)"
-            )
-    return n, "" if n == want else f"{n} of {want} (bounded by size and memory)"
+    if budget is not None and budget.used + FORKSERVER_BYTES > START_SHARE * budget.limit:
+        return False, (
+            f"the server's memory is short ({budget.used / memfit.GiB:.2f} of "
+            f"{budget.limit / memfit.GiB:.2f} GiB in use)"
+        )
+    return True, ""
 
 
 class PoolKeeper:
@@ -109,17 +106,17 @@ class PoolKeeper:
         self.statefile = os.path.join(state_dir, f"{STATE_PREFIX}{os.getpid()}.json")
         self.last_refusal = ""
 
-    def start(self, prefix: list[str], want: int, launch_env: dict[str, str], env: dict[str, str]) -> bool:
-        """Start a pool of up to `want` zygotes for the server named in `launch_env` (the job's launch
-        environment), with `env` (a supervisor's), unless one waits already or the bounds say no."""
+    def start(self, prefix: list[str], launch_env: dict[str, str], env: dict[str, str]) -> bool:
+        """Start a pool for the server named in `launch_env` (the job's launch environment), with `env`
+        (a supervisor's), unless one waits already or the bounds say no."""
         pid = str(launch_env.get(memfit.SERVER_PID_ENV, ""))
         server_pid = int(pid) if pid.isdigit() else None
         if self.alive():
             return True
         self.drop()
-        n, why = plan_size(want, self.state_dir, server_pid)
+        ok, why = may_start(self.state_dir, server_pid)
         self.last_refusal = why
-        if n <= 0:
+        if not ok:
             return False
         log = open(os.path.join(self.state_dir, f"{STATE_PREFIX}{os.getpid()}.log"), "wb")  # the last one's
         self.proc = subprocess.Popen(
@@ -128,7 +125,6 @@ class PoolKeeper:
                 sys.executable,
                 "-m",
                 "tfdist.runtime.warmpool",
-                str(n),
                 str(server_pid or ""),
                 self.statefile,
             ],
@@ -146,7 +142,8 @@ class PoolKeeper:
         return self.proc is not None and self.proc.poll() is None
 
     def state(self) -> dict | None:
-        """The pool's own record (PIDs of its zygotes, how many are ready), once it has written it."""
+        """The pool's own record (its PID, its fork server's, whether that imported TensorFlow), once it has
+        written it."""
         if not self.alive():
             return None
         try:
@@ -171,7 +168,7 @@ class PoolKeeper:
         return proc
 
     def rss(self) -> int:
-        """Resident bytes of the waiting pool (its supervisor and zygotes), 0 without one."""
+        """Resident bytes of the waiting pool (its supervisor and fork server), 0 without one."""
         return memfit.tree_rss(self.proc.pid) if self.alive() and self.proc else 0
 
     def drop(self) -> None:
@@ -186,7 +183,7 @@ class PoolKeeper:
     def _kill(proc: subprocess.Popen) -> None:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its zygotes follow (death signal)
+                os.killpg(proc.pid, signal.SIGKILL)  # its fork server follows (death signal)
         PoolKeeper._reap(proc)
 
     @staticmethod

@@ -20,14 +20,60 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tfdist.runtime.warmpool import fresh_start_reason
-
 PR_SET_CHILD_SUBREAPER = 36
 DISABLE_ENV = "TFDIST_FORK_TASKS"  # "0": every task is a fresh process (as before the fork server)
+# Read by the interpreter or by TensorFlow's import: a fork server started under other values cannot fork
+# a task that has these (it would differ from a fresh process), so such a task starts fresh.
+IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "TF_CPP_", "TF_ENABLE_", "KMP_", "MKL_", "OMP_")
+IMPORT_TIME_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}  # what tasks set themselves
+UNCHECKED = {"PYTHONUNBUFFERED"}  # both run with -u
+# OMP_NUM_THREADS is set per task by taskenv; no OpenMP runtime is loaded by importing TensorFlow (CPU
+# build, checked in tests/test_warm_pool.py), so it is read later, after the fork became the task.
+LATE_READ = {"OMP_NUM_THREADS"}
+
+
+def import_time_mismatch(server_env: dict[str, str], task_env: dict[str, str]) -> list[str]:
+    """Variables read at interpreter start or TensorFlow's import whose values differ between the two."""
+    keys = {
+        k
+        for k in (*server_env, *task_env)
+        if k.startswith(IMPORT_TIME_PREFIXES) and k not in UNCHECKED and k not in LATE_READ
+    }
+    keys |= set(IMPORT_TIME_DEFAULTS)
+    return sorted(
+        k
+        for k in keys
+        if server_env.get(k, IMPORT_TIME_DEFAULTS.get(k)) != task_env.get(k, IMPORT_TIME_DEFAULTS.get(k))
+    )
+
+
+def fresh_start_reason(server_env: dict[str, str], task_env: dict[str, str]) -> str | None:
+    """Why a task cannot be forked from a process that imported TensorFlow under `server_env` (None: it
+    can)."""
+    if task_env.get("CUDA_VISIBLE_DEVICES"):
+        return "it has GPUs"  # CUDA's own start is not checked here
+    if diff := import_time_mismatch(server_env, task_env):
+        return "its environment differs where it is read at start: " + ", ".join(diff)
+    return None
+
+
+def import_env(environ: dict[str, str]) -> dict[str, str]:
+    """What a fork server imports TensorFlow under: the supervisor's environment without a task's own."""
+    from tfdist.taskenv import THREAD_VARS
+
+    env = {k: v for k, v in environ.items() if k not in ("TF_CONFIG", "TFDIST_EVENTS_FD", *THREAD_VARS)}
+    env.pop("JPY_PARENT_PID", None)
+    env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
 
 
 def become_subreaper() -> bool:
-    """Adopt this process's orphaned descendants (the forked tasks): False where the kernel refuses."""
+    """Adopt this process's orphaned descendants (the forked tasks): False where the kernel refuses, or
+    has no pidfds (Linux < 5.3) to hold them by."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (OSError, AttributeError):
+        return False
     return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
@@ -97,8 +143,11 @@ class ForkServer:
     forked: dict[str, int] = field(default_factory=dict)  # task -> PID, for the log and the tests
 
     @classmethod
-    async def start(cls, env: dict[str, str], preexec: Callable[[], None]) -> ForkServer | None:
-        """Start importing TensorFlow now; None where tasks must start fresh (disabled, no subreaper)."""
+    async def start(
+        cls, env: dict[str, str], preexec: Callable[[], None], idle: bool = False
+    ) -> ForkServer | None:
+        """Start importing TensorFlow now; None where tasks must start fresh (disabled, no subreaper).
+        `idle`: a warm pool's, named forkserver.IDLE_NAME until a task comes."""
         if env.get(DISABLE_ENV) == "0" or not become_subreaper():
             return None
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -108,6 +157,7 @@ class ForkServer:
                 "-u",
                 "-m",
                 "tfdist.runtime.forkserver",
+                *(["idle"] if idle else []),
                 env=env,
                 stdin=child.fileno(),
                 preexec_fn=preexec,
@@ -117,6 +167,11 @@ class ForkServer:
         parent.setblocking(False)
         return cls(proc, parent, env, asyncio.ensure_future(_ready(parent)))
 
+    @property
+    def imported(self) -> bool:
+        """TensorFlow is imported (it said so)."""
+        return self.ready.done() and not self.ready.cancelled() and self.ready.result()
+
     async def spawn(
         self, task: str, module: str, argv: list[str], env: dict[str, str], cwd: str, fds: tuple[int, ...]
     ) -> ForkedProcess | None:
@@ -124,7 +179,7 @@ class ForkServer:
         must start fresh (its environment differs where TensorFlow's import reads it, it has GPUs, or the
         server is gone)."""
         why = fresh_start_reason(self.env, env)
-        if why is None and not await self.ready:
+        if why is None and (self.ready.cancelled() or not await self.ready):
             why = "the fork server could not import TensorFlow"
         if why is not None:
             print(f"tfdist fork server: {task} starts fresh: {why}", flush=True)
@@ -147,8 +202,10 @@ class ForkServer:
                     f"tfdist fork server: {task} starts fresh: {reply.get('error', 'no answer')}", flush=True
                 )
                 return None
-            self.forked[task] = int(reply["pid"])
-            return await ForkedProcess.attach(int(reply["pid"]), r)
+            pid = int(reply["pid"])
+            self.forked[task] = pid
+            print(f"tfdist fork server: {task} is forked process {pid}", flush=True)
+            return await ForkedProcess.attach(pid, r)
 
     def close(self) -> None:
         """No more tasks: the server exits (its copy of TensorFlow's pages is no longer needed)."""

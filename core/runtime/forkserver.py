@@ -1,18 +1,28 @@
-"""A local job's fork server: TensorFlow imported once, each of the job's tasks forked from it.
+"""A fork server: TensorFlow imported once, each task of a local job forked from it.
 
-Usage (the supervisor only): python -u -m tfdist.runtime.forkserver   with fd 0 a SOCK_SEQPACKET socket.
+Usage (runtime.forked only): python -u -m tfdist.runtime.forkserver [idle]
+(fd 0: a SOCK_SEQPACKET socket)
 
 Why: importing TensorFlow costs 5-8 CPU-seconds per process. A job of four tasks on two cores spent most of
 its start importing it four times over; forked, it is imported once, the tasks start in milliseconds and
 share the imported pages. Forking after the import is safe where forking after TensorFlow *started* is not:
-the import makes no TensorFlow thread pool, server or device context (checked in tests/test_forkserver.py),
-and each task makes its own after it became the task, from its own environment, as a fresh process would.
+the import makes no TensorFlow thread pool, server or device context (tests/test_warm_pool.py checks an
+idle server), and each task makes its own after it became the task, from its own environment.
 
-Protocol: it sends b"R" once TensorFlow is imported. Then each message is a task, {"module", "argv",
-"env", "cwd", "fds"} as for a zygote (runtime.zygote.become), with the task's stdout first among the
-passed descriptors (stdout and stderr both go there). It answers {"pid": N} or {"error": why}. The task is
-not its child: a double fork hands it to the supervisor, a child subreaper, which waits for it and
-signals it like any process it started (runtime.forked). The server ends when the socket closes.
+Each job's supervisor starts one (runtime.forked) the moment it starts; a kernel's warm pool
+(runtime.warmpool) starts one before its next job exists, named IDLE_NAME while it waits ("idle").
+
+Protocol: it sends b"R" once TensorFlow is imported. Each message then is a task, {"module", "argv", "env",
+"cwd", "fds"}, with the task's stdout (stdout and stderr both go there) and then the file descriptors a
+fresh process would have inherited (`fds` their numbers there). It answers {"pid": N} or {"error": why}.
+The task becomes what `python -u -m MODULE ARGV...` started with that environment would be: os.environ
+replaced (TensorFlow reads TF_CONFIG, its thread pool sizes and CUDA_VISIBLE_DEVICES when a server or eager
+context starts, not at import; tasks whose import-time variables differ start fresh, see
+warmpool.fresh_start_reason), the working directory and sys.path[0] of `-m`, stdin from /dev/null, the
+module run as __main__. Its network namespace, oom_score_adj, cgroup and CPU affinity are the fork
+server's, which are the supervisor's. It is not the fork server's child: a double fork hands it to the
+supervisor, a child subreaper, which waits for it and signals it like any process it started, and it dies
+with the supervisor (PR_SET_PDEATHSIG). The server ends when the socket closes.
 """
 
 from __future__ import annotations
@@ -21,12 +31,84 @@ import contextlib
 import ctypes
 import json
 import os
+import runpy
 import signal
 import socket
 import sys
 import time
 
-from tfdist.runtime import zygote
+MAX_MESSAGE = 4 * 2**20  # a task's environment as JSON; the sender refuses larger
+MAX_FDS = 8
+# The name (/proc/PID/comm) of a warm pool's processes while they wait, and only then: what tells an
+# idle pool from a job (tools, the tests' "no job process left"); a forked task has its own name back.
+IDLE_NAME = "tfdist-pool"
+PR_SET_NAME = 15
+
+
+def set_name(name: str) -> None:
+    """Name the calling thread (the main thread: the process's name); threads started later inherit it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+def own_name() -> str:
+    try:
+        with open("/proc/self/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "python"
+
+
+def _import_tensorflow() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras is tf_keras in every task (taskenv.tf_env)
+    import tensorflow  # noqa: F401  (also imports tf_keras under TF_USE_LEGACY_KERAS)
+
+
+def _receive(sock: socket.socket) -> tuple[dict, list[int]] | None:
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    except OSError:
+        return None
+    if not data:  # closed: no more tasks, or the supervisor died
+        return None
+    return json.loads(data), fds
+
+
+def _install_fds(expected: list[int], received: list[int], env: dict[str, str]) -> None:
+    """Give each passed descriptor the number a fresh child would have had (`pass_fds` keeps numbers);
+    where that number is taken here, keep the received one and say so where the task reads it."""
+    for want, got in zip(expected, received, strict=True):
+        try:
+            os.fstat(want)
+            taken = True
+        except OSError:
+            taken = False
+        if taken:
+            os.set_inheritable(got, True)
+            for k, v in env.items():
+                if v == str(want) and k.endswith("_FD"):
+                    env[k] = str(got)
+            continue
+        os.dup2(got, want)  # inheritable by default
+        os.close(got)
+
+
+def become(spec: dict, fds: list[int]) -> None:
+    """Run the task `spec` names in this process, as `python -u -m MODULE ARGV...` started with its
+    environment, working directory and `fds` would; fd 0 (the socket it came on) becomes /dev/null."""
+    env = {str(k): str(v) for k, v in spec["env"].items()}
+    _install_fds([int(n) for n in spec.get("fds", [])], fds, env)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # closes the pool's socket; a fresh task's stdin is /dev/null too
+    os.close(devnull)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(spec["cwd"])
+    sys.path[0] = os.getcwd()  # what `python -m` puts first
+    sys.argv = [spec["module"], *spec.get("argv", [])]
+    runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+
 
 PR_SET_PDEATHSIG = 1
 REPARENT_WAIT_S = 5.0  # the middle process exits at once; this only bounds a wedged machine
@@ -79,7 +161,7 @@ def _reseed() -> None:
 def _serve(sock: socket.socket, supervisor: int) -> tuple[dict, list[int]] | None:
     """Fork tasks until the socket closes: None here, the task's message in each task."""
     while True:
-        got = zygote._receive(sock)
+        got = _receive(sock)
         if got is None:
             return None
         spec, fds = got
@@ -104,23 +186,29 @@ def main() -> int:
     sock = socket.socket(fileno=0)
     supervisor = os.getppid()
     try:
-        zygote._import_tensorflow()
+        _import_tensorflow()
     except BaseException as exc:  # the supervisor starts its tasks fresh: they say what is wrong
         print(f"tfdist fork server: cannot import TensorFlow: {exc}", file=sys.stderr, flush=True)
         return 1
+    name = own_name()
+    if sys.argv[1:] == ["idle"]:
+        set_name(IDLE_NAME)  # after the import: the threads it started keep the name a fresh task's have
+    # A task may have been sent while TensorFlow was still importing: it is queued here all the same (a
+    # failed "ready" is no reason to end; an empty read says whether a task will come).
     with contextlib.suppress(OSError):
         sock.send(b"R")
     got = _serve(sock, supervisor)
     if got is None:
         return 0
     spec, fds = got
+    set_name(name)
     _reseed()
     out, rest = fds[0], fds[1:]
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
     sock.detach()  # fd 0 stays open until `become` puts /dev/null there; never closed twice
-    zygote.become(spec, rest)
+    become(spec, rest)
     return 0
 
 

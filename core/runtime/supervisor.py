@@ -41,11 +41,10 @@ from tfdist.jobview import JobView, Reason, final_task_state, reason_for
 from tfdist.procid import ProcessId
 from tfdist.runtime import allreduce, events, history, lifeline, psrestart
 from tfdist.runtime.deathsig import die_with_parent
-from tfdist.runtime.forked import ForkServer
+from tfdist.runtime.forked import ForkServer, import_env
 from tfdist.runtime.outcome import coordinator_outcome
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.runtime.unixsock import short_path
-from tfdist.runtime.warmpool import zygote_env
 from tfdist.sampler import TaskProcess, TaskSampler
 from tfdist.taskenv import THREAD_VARS
 from tfdist.tf_config import TaskId
@@ -147,8 +146,8 @@ class Supervisor:
         self.sampler = TaskSampler()
         self.events_r: int | None = None
         self.recovery = psrestart.PsRestart(self.spec, jobdir)  # --checkpoint-every: a lost PS comes back
-        self.pool: Any = None  # a runtime.warmpool.WarmPool when this supervisor was started warm
-        self.forks: ForkServer | None = None  # this job's fork server (runtime.forked) until chief-0 starts
+        # the job's fork server (runtime.forked) until chief-0 starts: a warm pool's, or its own
+        self.forks: ForkServer | None = None
 
     # ------------------------------------------------------------------ events
     def emit(self, ev: Event | dict[str, Any]) -> None:
@@ -214,16 +213,13 @@ class Supervisor:
         task.log = task.log or RollingLog(os.path.join(self.jobdir, "logs", f"{task.name}.log"))
         argv = [self.jobdir] if module.endswith("coordinator") else []
         cwd = self.launch.get("cwd") or self.jobdir
-        # a warm pool's zygote (TensorFlow already imported) becomes the task when it can (runtime.warmpool),
-        # else the job's fork server forks it (runtime.forked), else it starts fresh
-        pooled: Any = (
-            self.pool.become(task.name, module, argv, task.env, cwd, extra_fds) if self.pool else None
-        )
-        if pooled is None and self.forks is not None:
-            pooled = await self.forks.spawn(task.name, module, argv, task.env, cwd, extra_fds)
+        # forked from the job's fork server (TensorFlow imported once) when it can be, else started fresh
+        forked = None
+        if self.forks is not None:
+            forked = await self.forks.spawn(task.name, module, argv, task.env, cwd, extra_fds)
         if task.name == "chief-0":
             self._close_forks()  # started last: the job's later restarts start fresh
-        task.proc = pooled or await asyncio.create_subprocess_exec(
+        task.proc = forked or await asyncio.create_subprocess_exec(
             sys.executable,
             "-u",
             "-m",
@@ -246,10 +242,9 @@ class Supervisor:
         )
 
     async def _start_forks(self) -> None:
-        """Import TensorFlow once for the job's tasks, from the first moment (not with a warm pool, whose
-        zygotes imported it already)."""
-        if self.pool is None:
-            self.forks = await ForkServer.start(zygote_env(self._base_env()), _die_with_parent)
+        """Import TensorFlow once for the job's tasks, from the first moment (a warm pool's server has)."""
+        if self.forks is None:
+            self.forks = await ForkServer.start(import_env(self._base_env()), _die_with_parent)
 
     def _close_forks(self) -> None:
         if self.forks is not None:
@@ -628,18 +623,18 @@ class Supervisor:
             self.emit(TaskEvent(task=t.name, state=final_task_state(state, "running")))
 
 
-async def serve(jobdir: str, pool: Any = None) -> int:
-    """Run the job in JOBDIR to its end; `pool`: the warm pool this process was started with, if any."""
+async def serve(jobdir: str, forks: ForkServer | None = None) -> int:
+    """Run the job in JOBDIR to its end; `forks`: the warm pool's fork server, if it was started warm."""
     pidfile = os.path.join(jobdir, "supervisor.pid")
     with open(pidfile, "w") as f:
         f.write(ProcessId.current().dumps())  # the PID alone could name another process later
     try:
         sup = Supervisor(jobdir)
-        sup.pool = pool
+        sup.forks = forks
         return await sup.run()
     finally:
-        if pool is not None:
-            pool.close()
+        if forks is not None:
+            forks.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(pidfile)
 

@@ -1,0 +1,179 @@
+"""A local job's fork server (runtime.forkserver, runtime.forked): tasks forked from one TensorFlow import
+are the supervisor's own children, end, report and die as fresh ones do, and a forked job's tasks are
+what a fresh job's are (checked against the same job with TFDIST_FORK_TASKS=0)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from tests.kernels import Kernel, kernel_env, wait_gone
+from tests.test_lifecycle import task_pids
+from tests.test_warm_pool import SETUP, _run
+from tfdist.runtime.forked import fresh_start_reason
+
+pytestmark = pytest.mark.slow
+
+# Run in its own process: the driver becomes a child subreaper, as the supervisor does.
+DRIVER = textwrap.dedent(
+    """
+    import asyncio, json, os, signal, sys
+    from tfdist.runtime.deathsig import die_with_parent
+    from tfdist.runtime.forked import ForkServer, import_env
+
+    async def main():
+        env = import_env(dict(os.environ))
+        fs = await ForkServer.start(env, die_with_parent(b"800"))
+        out = {"server": fs.proc.pid}
+        r, w = os.pipe()
+        probe = await fs.spawn("probe", "probe", ["a", "b"], env | {"PROBE": "1", "X_FD": str(w)},
+                               os.getcwd(), (w,))
+        os.close(w)
+        out["pid"] = probe.pid
+        out["stdout"] = (await probe.stdout.read()).decode()
+        out["code"] = await probe.wait()
+        out["passed"] = os.read(r, 100).decode()
+        sleeper = await fs.spawn("sleeper", "sleeper", [], env, os.getcwd(), ())
+        out["sleeper"] = sleeper.pid
+        print(json.dumps(out), flush=True)
+        if sys.argv[1] == "kill":
+            sleeper.kill()
+            out["killed"] = await sleeper.wait()
+            gpu = await fs.spawn("gpu", "probe", [], env | {"CUDA_VISIBLE_DEVICES": "0"}, os.getcwd(), ())
+            out["gpu"] = gpu is None
+            fs.close()
+            out["server_code"] = await fs.proc.wait()
+            print(json.dumps(out), flush=True)
+        else:
+            await asyncio.sleep(600)  # SIGKILLed by the test
+
+    asyncio.run(main())
+    """
+)
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    os.write(int(os.environ["X_FD"]), b"through the passed fd")
+    print(json.dumps({"ppid": os.getppid(), "argv": sys.argv[1:], "probe": os.environ.get("PROBE"),
+                      "cwd": os.getcwd(), "path0": sys.path[0], "stdin": os.readlink("/proc/self/fd/0"),
+                      "oom": open("/proc/self/oom_score_adj").read().strip(),
+                      "tf": "tensorflow" in sys.modules, "name": __name__}))
+    print("to stderr", file=sys.stderr)
+    sys.exit(7)
+    """
+)
+
+
+def _driver(tmp_path, mode: str) -> subprocess.Popen:
+    (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(600)\n")
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, mode], cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+
+
+def test_a_forked_task_is_the_supervisors_child_and_reports_like_a_fresh_one(tmp_path):
+    d = _driver(tmp_path, "kill")
+    try:
+        out, _ = d.communicate(timeout=120)
+    finally:
+        d.kill()
+    assert d.returncode == 0, out
+    assert "tfdist fork server: gpu starts fresh: it has GPUs" in out
+    assert "tfdist fork server: probe is forked process" in out
+    first, final = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
+    lines = first["stdout"].splitlines()
+    seen = json.loads(lines[0])
+    assert seen["ppid"] == d.pid  # the driver's child, not the fork server's
+    assert seen["argv"] == ["a", "b"] and seen["probe"] == "1" and seen["name"] == "__main__"
+    assert seen["cwd"] == str(tmp_path) == seen["path0"]
+    assert seen["stdin"] == "/dev/null" and seen["oom"] == "800"
+    assert seen["tf"]  # forked after the import: TensorFlow is there already
+    assert lines[1] == "to stderr"  # stdout and stderr both reach the task's log pipe
+    assert first["code"] == 7 and first["passed"] == "through the passed fd"
+    assert final["killed"] == -signal.SIGKILL
+    assert final["gpu"] is True  # a task with GPUs starts fresh
+    assert final["server_code"] == 0  # closed: it exits
+    assert wait_gone([first["sleeper"], first["server"]], 5) == []
+
+
+def test_forked_tasks_die_with_a_sigkilled_supervisor(tmp_path):
+    d = _driver(tmp_path, "hold")
+    try:
+        first = json.loads(next(line for line in d.stdout if line.startswith("{")))
+        assert psutil.Process(first["sleeper"]).ppid() == d.pid
+        d.send_signal(signal.SIGKILL)
+        d.wait(10)
+        assert wait_gone([first["sleeper"], first["server"]], 10) == [], "a forked task outlived its owner"
+    finally:
+        d.kill()
+
+
+def test_tasks_start_fresh_where_a_fork_would_differ():
+    base = {"TF_USE_LEGACY_KERAS": "1", "PATH": "/usr/bin"}
+    assert fresh_start_reason(base, base | {"TF_CONFIG": "{}", "TFDIST_TASK": "ps-0"}) is None
+    assert "GPUs" in (fresh_start_reason(base, base | {"CUDA_VISIBLE_DEVICES": "0"}) or "")
+    assert "MALLOC_ARENA_MAX" in (fresh_start_reason(base, base | {"MALLOC_ARENA_MAX": "2"}) or "")
+
+
+def _cmd(pid: int) -> str:
+    return " ".join(psutil.Process(pid).cmdline())
+
+
+def test_a_forked_job_trains_and_its_tasks_are_what_fresh_ones_are(tmp_path):
+    state = str(tmp_path / "state")
+    k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="0"), cwd=str(tmp_path))
+    try:
+        assert k.execute(SETUP, timeout=180).error is None
+        assert k.execute("os.environ['TFDIST_FORK_TASKS'] = '0'").error is None
+        fresh = _run(k, "fresh", workers=1)
+        assert k.execute("del os.environ['TFDIST_FORK_TASKS']").error is None
+        forked = _run(k, "forked", workers=1)
+        assert fresh["changed"] and forked["changed"], "a job did not train"
+        for key in ("cwd", "path0", "oom", "stdin", "name", "env_inter", "c_inter"):
+            assert forked[key] == fresh[key], key
+        assert forked["tf_config"]["task"] == fresh["tf_config"]["task"] == {"type": "chief", "index": 0}
+        assert forked["netns"] != os.readlink("/proc/self/ns/net") != fresh["netns"] != forked["netns"]
+        with open(os.path.join(state, "forked", "supervisor.log")) as f:
+            assert "starts fresh" not in f.read()  # every task was forked
+    finally:
+        k.shutdown()
+
+
+def test_a_running_forked_jobs_tasks_are_the_supervisors_children_and_the_server_is_gone(tmp_path):
+    state = str(tmp_path / "state")
+    k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="0"), cwd=str(tmp_path))
+    try:
+        assert k.execute(SETUP, timeout=180).error is None
+        cell = "%%tfdist run --workers 1 --ps 1 --name held\nimport time\ntime.sleep(600)"
+        th, _ = k.execute_in_background(cell, timeout=300)
+        deadline = time.time() + 120
+        pids: dict[str, int] = {}
+        while time.time() < deadline and len(pids) < 3:
+            try:
+                pids = task_pids(state, "held")
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.5)
+        assert len(pids) == 3, pids
+        with open(os.path.join(state, "held", "supervisor.pid")) as f:
+            sup = json.load(f)["pid"]
+        for task, pid in pids.items():
+            assert psutil.Process(pid).ppid() == sup, task
+            assert "tfdist.runtime.forkserver" in _cmd(pid), task  # forked, not exec'd
+        servers = [c for c in psutil.Process(sup).children() if c.pid not in pids.values()]
+        assert wait_gone([c.pid for c in servers], 10) == []  # closed once chief-0 started
+        os.kill(k.pid, signal.SIGKILL)  # the kernel dies: the lifeline ends the job
+        assert wait_gone([sup, *pids.values()], 15) == []
+        th.join(30)
+    finally:
+        k.shutdown()
