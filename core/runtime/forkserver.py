@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import runpy
@@ -190,6 +191,10 @@ def main() -> int:
     except BaseException as exc:  # the supervisor starts its tasks fresh: they say what is wrong
         print(f"tfdist fork server: cannot import TensorFlow: {exc}", file=sys.stderr, flush=True)
         return 1
+    # The import's objects move out of the collector's reach: a task's collections then neither walk them
+    # nor write to their pages, which stay shared with the server instead of being copied into each task.
+    gc.collect()
+    gc.freeze()
     name = own_name()
     if sys.argv[1:] == ["idle"]:
         set_name(IDLE_NAME)  # after the import: the threads it started keep the name a fresh task's have
