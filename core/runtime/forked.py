@@ -133,14 +133,14 @@ async def _ready(sock: socket.socket) -> bool:
 
 @dataclass
 class ForkServer:
-    """One job's fork server: its tasks are forked from one TensorFlow import (until `close`)."""
+    """A job's fork server (its own, or its warm pool's): its tasks are forked from one TensorFlow import
+    (until `close`)."""
 
     proc: asyncio.subprocess.Process
     sock: socket.socket
     env: dict[str, str]
     ready: asyncio.Task[bool]  # TensorFlow imported (False: it could not be, or the server is gone)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    forked: dict[str, int] = field(default_factory=dict)  # task -> PID, for the log and the tests
 
     @classmethod
     async def start(
@@ -203,7 +203,6 @@ class ForkServer:
                 )
                 return None
             pid = int(reply["pid"])
-            self.forked[task] = pid
             print(f"tfdist fork server: {task} is forked process {pid}", flush=True)
             return await ForkedProcess.attach(pid, r)
 
