@@ -33,10 +33,11 @@ import gc
 import json
 import os
 import runpy
-import signal
 import socket
 import sys
 import time
+
+from tfdist.runtime.deathsig import die_with
 
 MAX_MESSAGE = 4 * 2**20  # a task's environment as JSON; the sender refuses larger
 MAX_FDS = 8
@@ -111,7 +112,6 @@ def become(spec: dict, fds: list[int]) -> None:
     runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
 
 
-PR_SET_PDEATHSIG = 1
 REPARENT_WAIT_S = 5.0  # the middle process exits at once; this only bounds a wedged machine
 
 
@@ -146,9 +146,7 @@ def _adopted(middle: int, supervisor: int) -> None:
     deadline = time.monotonic() + REPARENT_WAIT_S
     while os.getppid() == middle and time.monotonic() < deadline:
         time.sleep(0.0005)
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != supervisor:  # the supervisor is gone (or is no subreaper): no owner, no task
-        os._exit(1)
+    die_with(supervisor)  # gone already (or no subreaper): no owner, no task
 
 
 def _reseed() -> None:
