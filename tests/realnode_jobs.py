@@ -179,6 +179,49 @@ def wait_for(what: str, probe, timeout: float, every: float = 0.5):
         time.sleep(every)
 
 
+def job_state(cluster: Any, ns: str, job: str) -> str:
+    """What a stuck job's pods are doing (phase, each container's state and restarts) and the namespace's
+    last events: the message of a wait that timed out."""
+    lines = []
+    for p in job_pods(cluster, ns, job):
+        st = p.get("status") or {}
+        cs = []
+        for c in st.get("containerStatuses") or []:
+            state = c.get("state") or {}
+            how = ",".join(f"{k}/{v.get('reason', '')}" for k, v in state.items())
+            cs.append(f"{c['name']}:{how} restarts={c.get('restartCount', 0)}")
+        lines.append(f"{p['metadata']['name']} {st.get('phase')} {' '.join(cs)}")
+    events = (cluster.get(f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
+    for e in events[-12:]:
+        lines.append(
+            f"event {e.get('involvedObject', {}).get('name')}: {e.get('reason')}: {e.get('message')}"
+        )
+    return "\n".join(lines)
+
+
+def wait_first_epoch(
+    cluster: Any, k: WatchedKernel, cell: str, since: int, ns: str, job: str, timeout: float = 600
+) -> None:
+    """Until the cell's monitor shows a finished epoch; fails at once if the cell ends first, and says what
+    the job's pods were doing if none comes in `timeout`."""
+
+    def probe() -> bool:
+        if k.idle_after(cell):
+            r = k.wait(cell, timeout=5)
+            raise AssertionError(f"the cell ended before its first epoch: {r.error_text or r.text}")
+        return epochs_shown(k.widget_texts(since)) >= 1
+
+    try:
+        wait_for("the first epoch", probe, timeout)
+    except AssertionError as exc:
+        if "timed out" not in str(exc):
+            raise
+        shown = k.widget_texts(since)[-4:]
+        raise AssertionError(
+            f"{exc}\nthe job's pods:\n{job_state(cluster, ns, job)}\nthe cell showed: {shown}"
+        ) from None
+
+
 def kubectl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     state = realnode.load_state()
     return subprocess.run(

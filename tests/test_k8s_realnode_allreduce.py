@@ -16,7 +16,6 @@ import pytest
 from tests import realnode
 from tests.realnode_jobs import (
     digits_kernel,
-    epochs_shown,
     job_pods,
     notebook_cells,
     probe_from,
@@ -24,6 +23,7 @@ from tests.realnode_jobs import (
     running,
     sampled_tasks,
     start_notebook_pod,
+    wait_first_epoch,
     wait_for,
     wait_gone,
 )
@@ -84,7 +84,7 @@ def test_allreduce_trains_in_real_pods_behind_the_policy_and_faults_end_as_said(
         theirs = probe_from(bob.namespace, bob.notebook_pod, *ips)
         assert theirs["TF"] == "BLOCKED" and theirs["AGENT"] == "BLOCKED", theirs
 
-        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        wait_first_epoch(real_cluster, k, cell, since, ns, "ardigits")
         t_epoch = time.monotonic() - t0
         worker_log = real_cluster.logs(ns, worker["metadata"]["name"])
         assert "running the cell as an all-reduce replica" in worker_log, worker_log[-2000:]
@@ -113,7 +113,7 @@ def test_allreduce_trains_in_real_pods_behind_the_policy_and_faults_end_as_said(
         # 2. worker-0's pod deleted mid-fit
         since = k.mark()
         cell = k.submit(allreduce_line("arlost").replace("epochs=8", "epochs=200"))
-        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        wait_first_epoch(real_cluster, k, cell, since, ns, "arlost")
         (victim,) = job_pods(real_cluster, ns, "arlost", "worker")
         real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
         t0 = time.monotonic()
@@ -138,7 +138,7 @@ def test_allreduce_trains_in_real_pods_behind_the_policy_and_faults_end_as_said(
         # 3. the cell interrupted: every pod gone within 15 s
         since = k.mark()
         cell = k.submit(allreduce_line("arstop").replace("epochs=8", "epochs=200"))
-        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        wait_first_epoch(real_cluster, k, cell, since, ns, "arstop")
         t0 = time.monotonic()
         k.km.interrupt_kernel()
         wait_for("the interrupted job's pods gone", lambda: not job_pods(real_cluster, ns, "arstop"), 15)

@@ -20,7 +20,6 @@ import pytest
 from tests import realnode
 from tests.realnode_jobs import (
     digits_kernel,
-    epochs_shown,
     job_pods,
     notebook_cells,
     probe_from,
@@ -29,6 +28,7 @@ from tests.realnode_jobs import (
     running,
     sampled_tasks,
     start_notebook_pod,
+    wait_first_epoch,
     wait_for,
     wait_gone,
 )
@@ -133,7 +133,7 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
         assert not k.idle_after(cell), "the job ended before the probes: they proved nothing"
 
         # a worker pod deleted mid-fit: the Job controller replaces it, TF re-sends its work
-        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        wait_first_epoch(real_cluster, k, cell, since, ns, "digits")
         (victim,) = [
             p
             for p in job_pods(real_cluster, ns, "digits", "worker")
@@ -240,8 +240,8 @@ def test_a_sigkilled_kernels_job_is_gone_within_90s(real_cluster, job_image, ten
     k = digits_kernel(ann, job_image, tmp_path, TFDIST_LIFELINE_GRACE_S="15")
     try:
         since = k.mark()
-        k.submit(run_line("orphan").replace("epochs=8", "epochs=200"))
-        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        cell = k.submit(run_line("orphan").replace("epochs=8", "epochs=200"))
+        wait_first_epoch(real_cluster, k, cell, since, ns, "orphan")
         os.kill(k.pid, signal.SIGKILL)
         took = wait_gone(real_cluster, ns, "orphan", 90)
         print(f"\nkernel SIGKILLed mid-fit -> every object of its job gone: {took:.1f}s")

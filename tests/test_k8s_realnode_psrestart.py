@@ -25,6 +25,7 @@ from tests.realnode_jobs import (
     run_line,
     running,
     start_notebook_pod,
+    wait_first_epoch,
     wait_for,
     wait_gone,
 )
@@ -72,7 +73,7 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
             120,
         )
         assert ps_job["spec"]["backoffLimitPerIndex"] == 3 and ps_job["spec"]["maxFailedIndexes"] == 0
-        wait_for("the first epoch", lambda: epochs_shown(k.widget_texts(since)) >= 1, 600)
+        wait_first_epoch(real_cluster, k, cell, since, ns, "psback")
         assert epochs_shown(k.widget_texts(since)) < EPOCHS - 4  # the PS goes mid-fit
         (victim,) = job_pods(real_cluster, ns, "psback", "ps")
         logs = tmp_path / "pod-logs"
