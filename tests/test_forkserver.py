@@ -129,7 +129,8 @@ def _cmd(pid: int) -> str:
     return " ".join(psutil.Process(pid).cmdline())
 
 
-def test_a_forked_job_trains_and_its_tasks_are_what_fresh_ones_are(tmp_path):
+def test_a_forked_job_trains_its_tasks_are_what_fresh_ones_are_and_die_with_the_kernel(tmp_path):
+    """One kernel for the three jobs: its TensorFlow import is the slow part."""
     state = str(tmp_path / "state")
     k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="0"), cwd=str(tmp_path))
     try:
@@ -146,15 +147,8 @@ def test_a_forked_job_trains_and_its_tasks_are_what_fresh_ones_are(tmp_path):
         with open(os.path.join(state, "forked", "supervisor.log")) as f:
             log = f.read()
         assert "starts fresh" not in log and log.count(" is forked process ") == 3, log  # all forked
-    finally:
-        k.shutdown()
 
-
-def test_a_running_forked_jobs_tasks_are_the_supervisors_children_and_the_server_is_gone(tmp_path):
-    state = str(tmp_path / "state")
-    k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="0"), cwd=str(tmp_path))
-    try:
-        assert k.execute(SETUP, timeout=180).error is None
+        # while a forked job runs: its tasks are the supervisor's children, the server is gone
         cell = "%%tfdist run --workers 1 --ps 1 --name held\nimport time\ntime.sleep(600)"
         th, _ = k.execute_in_background(cell, timeout=300)
         deadline = time.time() + 120

@@ -132,6 +132,10 @@ def test_a_new_user_from_login_to_the_jobs_panel(hub: LocalHubCommand) -> None:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
+            # which leg failed, if a request does ("Failed to fetch" in a dialog says nothing more)
+            failed: list[str] = []
+            page.on("requestfailed", lambda r: failed.append(f"{r.method} {r.url} {r.failure}"))
+            page.on("console", lambda m: m.type == "error" and failed.append(f"console: {m.text}"))
 
             # ---- 1. the login page says where the password is -------------------------------------------
             page.goto(f"{hub.url}/hub/login")
@@ -261,7 +265,12 @@ def test_a_new_user_from_login_to_the_jobs_panel(hub: LocalHubCommand) -> None:
         except Exception:
             with contextlib.suppress(Exception):
                 shot(page, "failure", full_page=True)
-                print("page at failure:", page.url, "\nhub output:\n", hub.output()[-4000:])
+                out = hub.output()
+                api = [ln for ln in out.splitlines() if "/api/sessions" in ln or "/api/kernels" in ln]
+                print("page at failure:", page.url)
+                print("failed requests and console errors:", *failed, sep="\n")
+                print("the server's session and kernel requests:", *api[-20:], sep="\n")
+                print("hub output:\n", out[-4000:])
             raise
         finally:
             browser.close()
