@@ -50,7 +50,8 @@ GUARD_CHAIN = "TFDIST-NODE-GUARD"
 CNI_NET = "tfdist"
 PAUSE_IMAGE = "localhost/tfdist-pause:3.10"
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "kube-router")
-APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "ipset", "iptables", "nftables")
+# umoci: `up` packs the pause image with it before scripts/build-images (which also installs it) ever ran
+APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "ipset", "iptables", "nftables", "umoci")
 # Sysctls the kubelet, the CNI bridge and we change: recorded at the first up, restored by down.
 SYSCTLS = (
     "net.ipv4.ip_forward",
@@ -130,6 +131,7 @@ def missing_packages() -> list[str]:
         "ipset": "ipset",
         "iptables": "iptables",
         "nft": "nftables",
+        "umoci": "umoci",
     }
     miss = [pkg for exe, pkg in need.items() if not shutil.which(exe, path=ENV_PATH)]
     if not os.path.exists("/usr/lib/cni/bridge"):

@@ -180,8 +180,8 @@ def wait_for(what: str, probe, timeout: float, every: float = 0.5):
 
 
 def job_state(cluster: Any, ns: str, job: str) -> str:
-    """What a stuck job's pods are doing (phase, each container's state and restarts) and the namespace's
-    last events: the message of a wait that timed out."""
+    """What a stuck job's pods are doing (phase, each container's state and restarts), the other pods on
+    the node and the namespace's last events: the message of a wait that timed out."""
     lines = []
     for p in job_pods(cluster, ns, job):
         st = p.get("status") or {}
@@ -191,6 +191,19 @@ def job_state(cluster: Any, ns: str, job: str) -> str:
             how = ",".join(f"{k}/{v.get('reason', '')}" for k, v in state.items())
             cs.append(f"{c['name']}:{how} restarts={c.get('restartCount', 0)}")
         lines.append(f"{p['metadata']['name']} {st.get('phase')} {' '.join(cs)}")
+    # what else holds the real node (another test's pods still terminating would starve this job)
+    on_node = (cluster.get(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{realnode.NODE_NAME}") or {}).get(
+        "items", []
+    )
+    for p in on_node:
+        if p["metadata"]["namespace"] == ns:
+            continue
+        req = [c.get("resources", {}).get("requests", {}).get("cpu", "-") for c in p["spec"]["containers"]]
+        gone = " terminating" if p["metadata"].get("deletionTimestamp") else ""
+        lines.append(
+            f"also on the node: {p['metadata']['namespace']}/{p['metadata']['name']} "
+            f"{(p.get('status') or {}).get('phase')}{gone} cpu={','.join(req)}"
+        )
     events = (cluster.get(f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
     for e in events[-12:]:
         lines.append(

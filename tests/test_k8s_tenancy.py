@@ -145,11 +145,51 @@ def _token(plane, ns: str, sa: str) -> str:
     )["status"]["token"]
 
 
+def wait_policy_in_force(plane, timeout: float = 60) -> None:
+    """Until the API server enforces the admission policy just applied (its informers pick a new policy up
+    a moment later; a busy cold run saw a pod admitted that it refuses): a dry-run pod from a tenant
+    namespace without policy parameters must be refused (parameterNotFoundAction: Deny)."""
+    from kubernetes_asyncio import client
+
+    ns = f"vap-probe-{uuid.uuid4().hex[:6]}"
+    plane.request(
+        "POST", "/api/v1/namespaces", {"metadata": {"name": ns, "labels": {tenancy.L_TENANT: "true"}}}
+    )
+    plane.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "probe"}})
+    plane.request(
+        "POST",
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+        {
+            "metadata": {"name": "probe"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"kind": "ServiceAccount", "name": "probe", "namespace": ns}],
+        },
+    )
+    pod = {"metadata": {"name": "probe"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+
+    async def refused() -> bool:
+        async with _api_for_token(plane, _token(plane, ns, "probe")) as api:
+            try:
+                await client.CoreV1Api(api).create_namespaced_pod(ns, pod, dry_run="All")
+            except client.ApiException as e:
+                return "ValidatingAdmissionPolicy" in (e.body or "")  # 422 "no params found"
+            return False
+
+    try:
+        deadline = time.monotonic() + timeout
+        while not asyncio.run(refused()):
+            assert time.monotonic() < deadline, f"the admission policy not in force after {timeout:.0f}s"
+            time.sleep(0.5)
+    finally:
+        plane.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+
 @pytest.fixture(scope="module")
 def hub(k8s_plane):
     """The admission policy and the hub's RBAC from hub_config/, applied as an admin would; a hub namespace
     holding the hub's Secret and its service account."""
     k8s_plane.kubectl("apply", "-f", str(POLICY_FILE))
+    wait_policy_in_force(k8s_plane)
     hub_ns = k8s_plane.create_namespace(f"hub-{uuid.uuid4().hex[:8]}")
     k8s_plane.request("POST", f"/api/v1/namespaces/{hub_ns}/serviceaccounts", {"metadata": {"name": "hub"}})
     k8s_plane.request(
