@@ -26,7 +26,12 @@ EPOCHS = 10
 
 
 def test_a_killed_ps_pod_replaced_at_its_address_resumes_the_fit(tmp_path):
-    blob, ns = digits_payload(f"history = model.fit(ds, epochs={EPOCHS}, steps_per_epoch=30)\n")
+    # paced (each worker's batches 0.1 s apart: >= 15 s for 300 steps on any CPU): unpaced, a fast CPU
+    # finished the fit (1.5 s) before the first heartbeat past step 35 could trigger the kill
+    blob, ns = digits_payload(
+        "from tensorflow.python.data.experimental.ops import testing\n"
+        f"history = model.fit(ds.apply(testing.sleep(100_000)), epochs={EPOCHS}, steps_per_epoch=30)\n"
+    )
     before = ns["model"].get_weights()[0].copy()
 
     cluster, base, agent_port, token = local_pods(2, 1)

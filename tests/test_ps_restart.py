@@ -38,12 +38,19 @@ def wait_until(kernel, name: str, th, box, ok, what: str, timeout: float = 300) 
 
 
 def test_lost_ps_is_restarted_and_the_fit_resumes_with_one_history(tf_kernel):
-    r = tf_kernel.execute("w0 = [w.copy() for w in model.get_weights()]", timeout=30)
+    r = tf_kernel.execute(
+        "w0 = [w.copy() for w in model.get_weights()]\n"
+        # a fit of known length on any CPU: each worker's batches come 0.1 s apart (a sleep, not work), so
+        # 2 workers take >= 16 s for 320 steps; unpaced, a fast CPU ended the fit (2 s) before the kill
+        "from tensorflow.python.data.experimental.ops import testing as _tfdata_testing\n"
+        "paced_ds = train_ds.apply(_tfdata_testing.sleep(100_000))\n",
+        timeout=30,
+    )
     assert r.error is None, r.error_text
     name = "ps-back"
     cell = (
         f"%%tfdist run --workers 2 --ps 1 --checkpoint-every 20 --name {name}\n"
-        "history = model.fit(train_ds, epochs=8, steps_per_epoch=40)\n"
+        "history = model.fit(paced_ds, epochs=8, steps_per_epoch=40)\n"
     )
     th, box = tf_kernel.execute_in_background(cell, timeout=600)
     progress = os.path.join(tf_kernel.state_dir, name, "ckpt", "progress.json")
@@ -55,8 +62,7 @@ def test_lost_ps_is_restarted_and_the_fit_resumes_with_one_history(tf_kernel):
         except (OSError, ValueError, KeyError):  # not written yet, or being replaced
             return 0
 
-    # the first checkpoint that records an epoch, as early as it comes: on a fast machine the whole fit
-    # takes seconds, and the PS must still be there to be killed
+    # the first checkpoint that records an epoch, as early as it comes: the PS must still be there
     wait_until(tf_kernel, name, th, box, lambda _: saved_epochs() >= 1, "checkpoint")
     with open(progress) as f:
         saved = json.load(f)
