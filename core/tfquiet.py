@@ -81,7 +81,7 @@ class _QuietTensorflow(importlib.abc.MetaPathFinder):
     def __init__(self, level: int) -> None:
         self.level = level
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 - importlib's signature
+    def find_spec(self, fullname, path=None, target=None):
         if fullname != "tensorflow":
             return None
         with contextlib.suppress(ValueError):
@@ -93,7 +93,7 @@ class _QuietTensorflow(importlib.abc.MetaPathFinder):
         real = loader.exec_module
         level = self.level
 
-        def exec_module(module):  # noqa: ANN001
+        def exec_module(module):
             try:
                 with held_stderr(level):
                     real(module)

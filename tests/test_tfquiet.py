@@ -56,7 +56,8 @@ def _import_in_subprocess(level: str | None) -> subprocess.CompletedProcess:
     code = (
         "import os, sys\nfrom tfdist import tfquiet\nprint(tfquiet.install())\n"
         "import tensorflow\nos.write(2, b'after the import\\n')\n"
-        "print(type(tensorflow.__spec__.loader).__name__, 'exec_module' in vars(tensorflow.__spec__.loader))\n"
+        "loader = tensorflow.__spec__.loader\n"
+        "print(type(loader).__name__, 'exec_module' in vars(loader))\n"
     )
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
 
@@ -85,9 +86,7 @@ def _first_cell(level: str | None, tmp_path: Path):
         # would get it after its idle status (a notebook still shows it in the cell; this test would not)
         r = k.execute("import tensorflow, time\nprint(tensorflow.__version__)\ntime.sleep(1)", timeout=60)
         assert r.error is None, r.error_text
-        return {
-            o["content"]["name"]: o["content"]["text"] for o in r.outputs if o["msg_type"] == "stream"
-        }
+        return {o["content"]["name"]: o["content"]["text"] for o in r.outputs if o["msg_type"] == "stream"}
     finally:
         k.shutdown()
 

@@ -1,5 +1,5 @@
-# jupyter-tfdist: TensorFlow's import-time log lines held to TF_CPP_MIN_LOG_LEVEL (absl ignores it before
-# it is initialised: oneDNN's notice on AVX-512/AMX CPUs under every notebook's first cell). See tfdist.tfquiet.
+# jupyter-tfdist: TensorFlow's import-time log lines held to TF_CPP_MIN_LOG_LEVEL (absl ignores it before it
+# is initialised: oneDNN's notice on AVX-512/AMX CPUs under every first cell). See tfdist.tfquiet.
 try:
     import tfdist.tfquiet as _tfdist_tfquiet
 
