@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,7 +55,11 @@ class Result:
 
 class Kernel:
     def __init__(self, env: dict[str, str], cwd: str):
-        self.km = KernelManager(kernel_name="python3")
+        # IPC sockets, not TCP: jupyter_client picks free TCP ports before the kernel binds them, and on a
+        # machine full of TF servers and API servers another process took one in between (CI: "Address
+        # already in use", the kernel dead at start). A short absolute path: AF_UNIX's 107 bytes.
+        self._ipc_dir = tempfile.mkdtemp(prefix="tfdk-", dir="/tmp")
+        self.km = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(self._ipc_dir, "k"))
         self.km.start_kernel(env=env, cwd=cwd)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -107,6 +113,7 @@ class Kernel:
             self.km.shutdown_kernel(now=True)
         except Exception:
             pass
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
 
 # Every kernel the tests start carries this mark, and every job process inherits it: so the checks see

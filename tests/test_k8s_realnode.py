@@ -72,7 +72,7 @@ def test_headless_service_per_pod_dns_resolves_in_a_pod(real_cluster, real_ns):
     assert f"NX nope.grp.{real_ns}.svc.cluster.local" in logs and "NX example.com" in logs, logs
 
 
-def _probe(real_cluster, ns: str, name: str, ip: str, labels: dict) -> str:
+def _probe(real_cluster, ns: str, name: str, ip: str, labels: dict, seen_errors: list[str]) -> str:
     script = (
         "import socket\ns = socket.socket(); s.settimeout(5)\n"
         f"try:\n    s.connect(('{ip}', 8080)); print('CONNECTED')\n"
@@ -80,22 +80,31 @@ def _probe(real_cluster, ns: str, name: str, ip: str, labels: dict) -> str:
     )
     phase, logs = real_cluster.run_to_end(ns, name, script, labels=labels)
     assert phase == "Succeeded", logs
-    return "CONNECTED" if "CONNECTED" in logs else "BLOCKED"
+    if "CONNECTED" in logs:
+        return "CONNECTED"
+    seen_errors.append(logs.strip()[-200:])
+    return "BLOCKED"
 
 
 def _expect(real_cluster, ns, ip, labels, want: str, tag: str, timeout: float = 60) -> None:
     """Probe until `want`: the firewall programs a new policy in about a second, but on a loaded 2-core
     CI machine a probe pod alone may take several seconds to run."""
     deadline = time.monotonic() + timeout
-    seen = []
+    seen: list[str] = []
+    errors: list[str] = []
     i = 0
     while time.monotonic() < deadline:
-        got = _probe(real_cluster, ns, f"probe-{tag}-{i}", ip, labels)
+        got = _probe(real_cluster, ns, f"probe-{tag}-{i}", ip, labels, errors)
         seen.append(got)
         if got == want:
             return
         i += 1
-    raise AssertionError(f"{tag}: wanted {want}, saw {seen}")
+    policies = real_cluster.get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies") or {}
+    raise AssertionError(
+        f"{tag}: wanted {want}, saw {seen}; the last probe said {errors[-1:]}; policies "
+        f"{[p['metadata']['name'] for p in policies.get('items', [])]}; kube-router's log:\n"
+        + realnode.tail("kube-router", 40)
+    )
 
 
 def test_networkpolicy_deny_blocks_and_allow_readmits(real_cluster, real_ns):
