@@ -55,10 +55,15 @@ def below_level(text: str, level: int) -> str:
 
 @contextlib.contextmanager
 def held_stderr(level: int) -> Iterator[None]:
-    """File descriptor 2 into a temporary file for the block; then what was written, below_level."""
+    """File descriptor 2 into a temporary file for the block; then what was written, below_level (what
+    other threads wrote meanwhile comes late, not lost). No fd 2 to hold: the block runs as it is."""
     with contextlib.suppress(Exception):
         sys.stderr.flush()
-    saved = os.dup(2)  # also keeps a pipe on fd 2 (ipykernel's capture) open meanwhile
+    try:
+        saved = os.dup(2)  # also keeps a pipe on fd 2 (ipykernel's capture) open meanwhile
+    except OSError:
+        yield
+        return
     try:
         with tempfile.TemporaryFile() as tmp:
             os.dup2(tmp.fileno(), 2)
@@ -86,7 +91,10 @@ class _QuietTensorflow(importlib.abc.MetaPathFinder):
             return None
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except Exception:  # the import goes on without us, and says what is wrong itself
+            return None
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
             return spec

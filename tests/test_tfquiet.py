@@ -99,3 +99,11 @@ def test_a_kernel_of_the_installed_package_shows_only_what_the_level_asks_for(tm
     ), streams
     streams = _first_cell(None, tmp_path)
     assert "oneDNN custom operations are on" in streams.get("stderr", ""), streams
+
+
+def test_without_a_stderr_the_import_runs_unheld():
+    env = dict(os.environ, PYTHONPATH=FAKE_TF, TF_CPP_MIN_LOG_LEVEL="2")
+    code = "import os\nos.close(2)\nfrom tfdist import tfquiet\ntfquiet.install()\nimport tensorflow\n"
+    code += "print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "ok\n", out
