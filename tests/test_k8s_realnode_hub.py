@@ -290,6 +290,8 @@ def test_the_example_trains_from_the_notebook_pod_and_its_jobs_go_with_the_pod(
                 code = f"{first} {JOB_FLAGS}\n{rest}"
             res = kernel.execute(code, timeout=900)
             assert res.error is None, f"cell failed:\n{code}\n{res.error}\nstdout:\n{res.stdout[-3000:]}"
+            if "import tensorflow" in code:  # the image's kernels hold TensorFlow to the spawner's level
+                assert not res.stderr.strip(), res.stderr
             if code.startswith("%%tfdist run"):
                 assert "succeeded" in res.stdout, res.stdout[-3000:]
                 print(f"\nthe %%tfdist cell on the real node: {time.monotonic() - t_cell:.1f} s")
