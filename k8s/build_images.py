@@ -459,7 +459,29 @@ def build(names: list[str], do_import: bool, address: str) -> dict:
     old = json.loads(current.read_text()) if current.exists() else {}
     old.update(results)
     current.write_text(json.dumps(old, indent=1))
+    prune_archives(keep={v["archive"] for v in old.values()})
     return {"images": results, "timings": timings}
+
+
+KEEP_ARCHIVES = 3  # per image: a checkout's build and a couple of others' (current.json's are kept too)
+
+
+def prune_archives(keep: set[str], per_image: int = KEEP_ARCHIVES) -> list[Path]:
+    """Drop all but the newest `per_image` archives of each image (and those in `keep`). Why: each
+    change of the project writes a new job and notebook archive (0.4 + 0.6 GB) under a new hash, so a
+    developer's or a test machine's cache grew by a gigabyte per change until the disk ran out; the
+    layers stay shared in the OCI layout (`--gc` prunes that too)."""
+    by_image: dict[str, list[Path]] = {}
+    for path in (CACHE / "archives").glob("tfdist-*-*.oci.tar"):
+        by_image.setdefault(path.name.rsplit("-", 1)[0], []).append(path)
+    dropped = []
+    for paths in by_image.values():
+        paths.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        for path in paths[per_image:]:
+            if str(path) not in keep:
+                path.unlink(missing_ok=True)
+                dropped.append(path)
+    return dropped
 
 
 def gc() -> None:
