@@ -199,3 +199,15 @@ def kernel_env(state_dir: str, **extra: str) -> dict[str, str]:
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.update(extra)
     return env
+
+
+# Data paced to a known least time per batch: a fit that must outlast a fault the test injects (a PS or a
+# worker killed mid-fit) lasts long enough on any CPU. A sleep in the tf.data pipeline, not work, so it
+# costs no CPU, and it travels in the dataset's graph to every worker. Unpaced, a fast CPU (AVX-512/AMX)
+# ended the fits in 1.5-2 s, before the kill.
+PACE_IMPORT = "from tensorflow.python.data.experimental.ops import testing as _tfdata_testing\n"
+
+
+def paced(dataset: str, seconds_per_batch: float = 0.1) -> str:
+    """Source of `dataset` with each worker's batches `seconds_per_batch` apart (needs PACE_IMPORT)."""
+    return f"{dataset}.apply(_tfdata_testing.sleep({round(seconds_per_batch * 1e6)}))"

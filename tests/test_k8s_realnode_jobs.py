@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests import realnode
+from tests.kernels import PACE_IMPORT, paced
 from tests.realnode_jobs import (
     digits_kernel,
     epochs_shown,
@@ -98,13 +99,10 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
     start_notebook_pod(real_cluster, bob, forged=ann.user)  # bob's pod claims to be ann's notebook
     k = digits_kernel(ann, job_image, tmp_path)
     try:
-        # 1. 12 epochs, not the example's 8, over data paced to >= 0.1 s a batch per worker (a sleep, not
-        # work: >= 24 s on any CPU): the fit must outlast the probes and a worker's replacement (~10 s after
-        # the deletion), so the coordinator takes the replaced worker back, as on a slow day
-        r = k.run(
-            "from tensorflow.python.data.experimental.ops import testing as _tfdata_testing\n"
-            "paced_ds = train_ds.apply(_tfdata_testing.sleep(100_000))"
-        )
+        # 1. 12 epochs, not the example's 8, over paced data (tests.kernels.paced: >= 24 s on any CPU): the
+        # fit must outlast the probes and a worker's replacement (~10 s after the deletion), so the
+        # coordinator takes the replaced worker back, as on a slow day
+        r = k.run(f"{PACE_IMPORT}paced_ds = {paced('train_ds')}")
         assert r.error is None, r.error_text
         since = k.mark()
         cell = k.submit(

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.digits_payload import digits_payload
+from tests.kernels import PACE_IMPORT, paced
 from tests.test_pod_runtime import local_pods
 from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient
@@ -26,11 +27,10 @@ EPOCHS = 10
 
 
 def test_a_killed_ps_pod_replaced_at_its_address_resumes_the_fit(tmp_path):
-    # paced (each worker's batches 0.1 s apart: >= 15 s for 300 steps on any CPU): unpaced, a fast CPU
-    # finished the fit (1.5 s) before the first heartbeat past step 35 could trigger the kill
+    # paced data (tests.kernels.paced): >= 15 s for the 300 steps on any CPU, so the first heartbeat past
+    # step 35 comes while the fit still runs
     blob, ns = digits_payload(
-        "from tensorflow.python.data.experimental.ops import testing\n"
-        f"history = model.fit(ds.apply(testing.sleep(100_000)), epochs={EPOCHS}, steps_per_epoch=30)\n"
+        f"{PACE_IMPORT}history = model.fit({paced('ds')}, epochs={EPOCHS}, steps_per_epoch=30)\n"
     )
     before = ns["model"].get_weights()[0].copy()
 

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from tests.kernels import job_processes
+from tests.kernels import PACE_IMPORT, job_processes, paced
 from tests.test_lifecycle import task_pids
 from tfdist.backends.local import LocalBackend
 from tfdist.errors import NoSuchJob
@@ -39,11 +39,8 @@ def wait_until(kernel, name: str, th, box, ok, what: str, timeout: float = 300) 
 
 def test_lost_ps_is_restarted_and_the_fit_resumes_with_one_history(tf_kernel):
     r = tf_kernel.execute(
-        "w0 = [w.copy() for w in model.get_weights()]\n"
-        # a fit of known length on any CPU: each worker's batches come 0.1 s apart (a sleep, not work), so
-        # 2 workers take >= 16 s for 320 steps; unpaced, a fast CPU ended the fit (2 s) before the kill
-        "from tensorflow.python.data.experimental.ops import testing as _tfdata_testing\n"
-        "paced_ds = train_ds.apply(_tfdata_testing.sleep(100_000))\n",
+        # paced data (tests.kernels.paced): 2 workers take >= 16 s for the 320 steps on any CPU
+        f"w0 = [w.copy() for w in model.get_weights()]\n{PACE_IMPORT}paced_ds = {paced('train_ds')}\n",
         timeout=30,
     )
     assert r.error is None, r.error_text
