@@ -117,13 +117,41 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 # --------------------------------------------------------------------------------------------- PKI
 
 
+def write_private(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` as a file only its owner can read (0600), whatever the umask: created with
+    that mode (never a moment wider), and an existing file narrowed before it gets the new content."""
+    raw = data.encode() if isinstance(data, str) else data
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(raw)
+    finally:
+        os.close(fd)
+
+
+def private_dir(path: str | os.PathLike) -> Path:
+    """``path`` (and missing parents) as a directory only its owner can enter (0700), whatever the umask."""
+    d = Path(path)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    return d
+
+
 def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
-    """CA, apiserver serving cert (IP SAN 127.0.0.1 and ``extra_ips``), service-account signing key pair
-    (EC P-256)."""
+    """Two CAs and what they sign, every file 0600 in a 0700 directory:
+
+    - ``ca``: the cluster CA. The apiserver serving cert (IP SAN 127.0.0.1 and ``extra_ips``); it also signs
+      the client certificates the API server trusts (tests/realnode.py issues the node's).
+    - ``etcd-ca``: etcd's own CA, trusted by etcd alone. etcd's serving/peer cert (127.0.0.1) and the one
+      client certificate etcd accepts, the API server's. A separate CA, so that no certificate the cluster
+      CA signs (a kubelet's, kube-proxy's) opens etcd: with client-certificate auth etcd admits any
+      certificate of the CA it trusts, as an etcd root.
+    - the service-account signing key pair (EC P-256)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     def key_pem(k) -> bytes:
         return k.private_bytes(
@@ -132,39 +160,63 @@ def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
             serialization.NoEncryption(),
         )
 
+    def pem(cert) -> bytes:
+        return cert.public_bytes(serialization.Encoding.PEM)
+
     now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
     later = now + datetime.timedelta(days=30)
 
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tfdist-test-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
+    def make_ca(cn: str):
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(later)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256())
         )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+        return key, cert
 
-    srv_key = ec.generate_private_key(ec.SECP256R1())
+    def issue(ca_key, ca_cert, cn: str, usages: list, sans: list | None = None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(later)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+            )
+        )
+        if sans:
+            b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return key, b.sign(ca_key, hashes.SHA256())
+
+    ca_key, ca = make_ca("tfdist-test-ca")
     sans = [
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("10.0.0.1")),  # first IP of --service-cluster-ip-range
@@ -175,37 +227,41 @@ def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
         x509.DNSName("kubernetes.default.svc.cluster.local"),
         *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
     ]
-    srv = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(srv_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(later)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
+    srv_key, srv = issue(ca_key, ca, "kube-apiserver", [ExtendedKeyUsageOID.SERVER_AUTH], sans)
+
+    etcd_ca_key, etcd_ca = make_ca("tfdist-etcd-ca")
+    etcd_key, etcd = issue(
+        etcd_ca_key,
+        etcd_ca,
+        "etcd",
+        # server for clients, and both ways for the peer port (a member is client and server there)
+        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+        [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")],
+    )
+    etcd_client_key, etcd_client = issue(
+        etcd_ca_key, etcd_ca, "kube-apiserver-etcd-client", [ExtendedKeyUsageOID.CLIENT_AUTH]
     )
 
     sa_key = ec.generate_private_key(ec.SECP256R1())
     files = {
-        "ca.crt": ca.public_bytes(serialization.Encoding.PEM),
+        "ca.crt": pem(ca),
         "ca.key": key_pem(ca_key),
-        "apiserver.crt": srv.public_bytes(serialization.Encoding.PEM),
+        "apiserver.crt": pem(srv),
         "apiserver.key": key_pem(srv_key),
+        "etcd-ca.crt": pem(etcd_ca),
+        "etcd-ca.key": key_pem(etcd_ca_key),
+        "etcd-server.crt": pem(etcd),
+        "etcd-server.key": key_pem(etcd_key),
+        "apiserver-etcd-client.crt": pem(etcd_client),
+        "apiserver-etcd-client.key": key_pem(etcd_client_key),
         "sa.key": key_pem(sa_key),
         "sa.pub": sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         ),
     }
-    d.mkdir(parents=True, exist_ok=True)
+    private_dir(d)
     for name, data in files.items():
-        (d / name).write_bytes(data)
-        os.chmod(d / name, 0o600)
+        write_private(d / name, data)
 
 
 # --------------------------------------------------------------------------------------- the plane
@@ -477,8 +533,7 @@ class ControlPlane:
     def _prepare(self) -> None:
         self._sweep_stale_workdirs()
         if self.fixed_workdir:
-            self.fixed_workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self.workdir = self.fixed_workdir
+            self.workdir = private_dir(self.fixed_workdir)
         else:
             self.workdir = Path(tempfile.mkdtemp(prefix="tfdist-k8s-"))
         d = self.workdir
@@ -491,11 +546,12 @@ class ControlPlane:
         self.token = secrets.token_hex(16)
         kcm_token, sched_token, kwok_token = (secrets.token_hex(16) for _ in range(3))
         # token,user,uid,"groups". All components are cluster-admins (system:masters): this is a test plane.
-        (pki / "tokens.csv").write_text(
+        write_private(
+            pki / "tokens.csv",
             f'{self.token},admin,uid-admin,"system:masters"\n'
             f'{kcm_token},system:kube-controller-manager,uid-kcm,"system:masters"\n'
             f'{sched_token},system:kube-scheduler,uid-scheduler,"system:masters"\n'
-            f'{kwok_token},kwok,uid-kwok,"system:masters"\n'
+            f'{kwok_token},kwok,uid-kwok,"system:masters"\n',
         )
         for name in ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
             self.ports[name] = self._free_port("127.0.0.1")
@@ -517,8 +573,7 @@ class ControlPlane:
                 "contexts": [{"name": "tfdist-test", "context": {"cluster": "tfdist-test", "user": user}}],
                 "current-context": "tfdist-test",
             }
-            path.write_text(yaml.safe_dump(cfg))
-            os.chmod(path, 0o600)
+            write_private(path, yaml.safe_dump(cfg))
             return str(path)
 
         self.kubeconfig = kubeconfig(d / "admin.kubeconfig", "admin", self.token)
@@ -526,9 +581,30 @@ class ControlPlane:
         sched_kc = kubeconfig(d / "scheduler.kubeconfig", "kube-scheduler", sched_token)
         kwok_kc = kubeconfig(d / "kwok.kubeconfig", "kwok", kwok_token)
 
+        # The components' own serving certificates (self-signed, written at start) stay private too.
+        for sub in ("kcm-certs", "scheduler-certs"):
+            private_dir(d / sub)
+
         p = self.ports
-        peer = f"http://127.0.0.1:{p['etcd-peer']}"
-        client = f"http://127.0.0.1:{p['etcd']}"
+        # etcd holds every Secret and every RBAC rule: TLS both ways on both ports, and only a certificate
+        # of etcd's own CA (the API server's) gets in. Plain HTTP or TLS without that certificate is refused.
+        peer = f"https://127.0.0.1:{p['etcd-peer']}"
+        client = f"https://127.0.0.1:{p['etcd']}"
+        self.etcd_client_cert = (
+            str(pki / "apiserver-etcd-client.crt"),
+            str(pki / "apiserver-etcd-client.key"),
+        )
+        self.etcd_ca_file = str(pki / "etcd-ca.crt")
+        etcd_tls = [
+            f"--cert-file={pki / 'etcd-server.crt'}",
+            f"--key-file={pki / 'etcd-server.key'}",
+            "--client-cert-auth=true",
+            f"--trusted-ca-file={pki / 'etcd-ca.crt'}",
+            f"--peer-cert-file={pki / 'etcd-server.crt'}",
+            f"--peer-key-file={pki / 'etcd-server.key'}",
+            "--peer-client-cert-auth=true",
+            f"--peer-trusted-ca-file={pki / 'etcd-ca.crt'}",
+        ]
         self.args = {
             "etcd": [
                 "--name=tfdist",
@@ -538,11 +614,19 @@ class ControlPlane:
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=tfdist={peer}",
+                *etcd_tls,
                 "--unsafe-no-fsync=true",
                 "--log-level=warn",
             ],
             "kube-apiserver": [
                 f"--etcd-servers={client}",
+                f"--etcd-cafile={pki / 'etcd-ca.crt'}",
+                f"--etcd-certfile={pki / 'apiserver-etcd-client.crt'}",
+                f"--etcd-keyfile={pki / 'apiserver-etcd-client.key'}",
+                # Refuse every new Service.spec.externalIPs (CVE-2020-8554: a Service with an externalIP
+                # takes that address:port over on every node, the node's own included). The other
+                # default admission plugins stay on (this flag adds to them).
+                "--enable-admission-plugins=DenyServiceExternalIPs",
                 f"--bind-address={self.address}",
                 f"--advertise-address={self.address}",
                 f"--secure-port={p['kube-apiserver']}",
@@ -650,9 +734,15 @@ class ControlPlane:
                 raise ControlPlaneError(f"timed out waiting for {what} (last error: {last_err!r})\n{tails}")
             time.sleep(0.2)
 
+    def etcd_ssl(self) -> ssl.SSLContext:
+        """A TLS context that etcd accepts: its CA, and the API server's client certificate."""
+        ctx = ssl.create_default_context(cafile=self.etcd_ca_file)
+        ctx.load_cert_chain(*self.etcd_client_cert)
+        return ctx
+
     def _etcd_healthy(self) -> bool:
-        url = f"http://127.0.0.1:{self.ports['etcd']}/health"
-        with urllib.request.urlopen(url, timeout=2) as r:
+        url = f"https://127.0.0.1:{self.ports['etcd']}/health"
+        with urllib.request.urlopen(url, context=self.etcd_ssl(), timeout=2) as r:
             return json.loads(r.read()).get("health") == "true"
 
     def _apiserver_ready(self) -> bool:

@@ -139,6 +139,23 @@ def missing_packages() -> list[str]:
     return miss
 
 
+CNI_BRIDGE = Path("/usr/lib/cni/bridge")
+
+
+def check_cni_bridge(path: Path = CNI_BRIDGE) -> None:
+    """The bridge plugin must know ``macspoofchk`` (containernetworking-plugins 1.0+; bookworm has 1.1.1):
+    an older one ignores the key without a word, and pods could spoof MAC addresses on the bridge."""
+    try:
+        known = b"macspoofchk" in path.read_bytes()
+    except OSError as e:
+        raise ClusterError(f"cannot read the CNI bridge plugin {path}: {e}") from e
+    if not known:
+        raise ClusterError(
+            f"the CNI bridge plugin {path} has no macspoofchk (pods could spoof MAC addresses): install "
+            "containernetworking-plugins 1.0 or newer; nothing was started"
+        )
+
+
 def ensure_built() -> None:
     """apt packages and Go binaries that are missing (minutes cold; milliseconds warm)."""
     miss = missing_packages()
@@ -218,9 +235,9 @@ def load_state() -> dict:
 
 
 def save_state(state: dict) -> None:
-    STATE.mkdir(mode=0o700, parents=True, exist_ok=True)
+    kube_plane.private_dir(STATE)
     tmp = STATE / "state.json.tmp"
-    tmp.write_text(json.dumps(state, indent=1))
+    kube_plane.write_private(tmp, json.dumps(state, indent=1))  # holds the admin token
     tmp.replace(STATE / "state.json")
 
 
@@ -336,7 +353,7 @@ def write_configs(plane: kube_plane.ControlPlane) -> None:
     """containerd, CNI, kubelet, kube-proxy, CoreDNS, kube-router: files under STATE."""
     cd = STATE / "containerd"
     for d in (cd, STATE / "cni", STATE / "kubelet-pki", VARLIB / "containerd"):
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        kube_plane.private_dir(d)
     (cd / "config.toml").write_text(f"""version = 2
 root = "{VARLIB / "containerd"}"
 state = "{cd / "state"}"
@@ -387,6 +404,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                         "isGateway": True,
                         "ipMasq": False,
                         "hairpinMode": True,
+                        # nftables rules (table bridge nat) drop every frame a pod sends with a source
+                        # MAC other than its own: no ARP spoofing of a neighbour or the gateway, so no
+                        # spoofed sources past NetworkPolicy. Needs the nft binary (nftables).
+                        "macspoofchk": True,
                         "ipam": {
                             "type": "host-local",
                             "ranges": [[{"subnet": POD_CIDR}]],
@@ -424,8 +445,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "contexts": [{"name": "tfdist", "context": {"cluster": "tfdist", "user": name}}],
             "current-context": "tfdist",
         }
-        path.write_text(yaml.safe_dump(cfg))
-        os.chmod(path, 0o600)
+        kube_plane.write_private(path, yaml.safe_dump(cfg))
         return str(path)
 
     kubeconfig(
@@ -452,6 +472,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "x509": {"clientCAFile": plane.ca_file},
         },
         "authorization": {"mode": "Webhook"},
+        # A container without a seccomp profile gets the runtime's default one (RuntimeDefault), not
+        # Unconfined: Pod Security baseline lets a pod leave the profile out.
+        "seccompDefault": True,
         "cgroupDriver": "cgroupfs",  # containerd 1.6 has no RuntimeConfig RPC
         "failCgroupV1": False,  # this VM is cgroup v1 (hybrid)
         "failSwapOn": False,
@@ -534,15 +557,15 @@ def issue_client_cert(pki: Path, name: str, cn: str, orgs: list[str], server_ip:
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
         )
     cert = builder.sign(ca_key, hashes.SHA256())
-    (pki / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (pki / f"{name}.key").write_bytes(
+    kube_plane.write_private(pki / f"{name}.crt", cert.public_bytes(serialization.Encoding.PEM))
+    kube_plane.write_private(
+        pki / f"{name}.key",
         key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.TraditionalOpenSSL,
             serialization.NoEncryption(),
-        )
+        ),
     )
-    os.chmod(pki / f"{name}.key", 0o600)
 
 
 def node_args(plane: kube_plane.ControlPlane) -> dict[str, list[str]]:
@@ -803,8 +826,9 @@ def up(build: bool = True) -> dict:
         if miss:
             raise ClusterError(f"missing: {', '.join(miss)} (run scripts/cluster up, which builds them)")
         ensure_pause_image_binary()
+    check_cni_bridge()
     t0 = time.monotonic()
-    STATE.mkdir(mode=0o700, parents=True, exist_ok=True)
+    kube_plane.private_dir(STATE)
     record_path = STATE / "machine-before.json"
     if not record_path.exists():
         record_path.write_text(json.dumps(machine_record(), indent=1))
@@ -1322,6 +1346,29 @@ def user(name: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ CLI
 
+
+def private_stdout() -> None:
+    """`scripts/cluster user NAME > NAME.kubeconfig`: the caller's shell made that file with the caller's
+    umask (often 0644, 0666 under umask 000), and the kubeconfig holds a bearer token. A regular file on
+    stdout is narrowed to 0600 before anything is written to it; one that cannot be narrowed gets nothing."""
+    import stat
+
+    try:
+        fd = sys.stdout.fileno()
+        st = os.fstat(fd)
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture): nothing to narrow
+        return
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o077:
+        return
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError as e:
+        raise ClusterError(
+            f"the kubeconfig holds a token, and the file it would go to is readable by others and cannot "
+            f"be made private ({e.strerror}): redirect it to a new file of your own"
+        ) from e
+
+
 USAGE = "usage: scripts/cluster up|down|status, or scripts/cluster user NAME"
 
 
@@ -1331,6 +1378,7 @@ def main(argv: list[str]) -> int:
             print(f"{USAGE}\n  user takes one NAME", file=sys.stderr)
             return 2
         try:
+            private_stdout()
             sys.stdout.write(user(argv[1]))
         except UsageError as e:
             print(f"cluster: {e}", file=sys.stderr)
