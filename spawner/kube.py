@@ -25,7 +25,8 @@ import json
 from typing import Any
 
 from kubespawner import KubeSpawner
-from traitlets import Bool, Integer, Unicode
+from tornado import web
+from traitlets import Bool, Integer, List, Unicode, default
 
 from tfdist import settings
 from tfdist.kube import tenancy
@@ -93,6 +94,24 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         help="Service account of notebook pods; in user namespaces the spawner creates it with its Role.",
     )
 
+    allowed_runtime_classes = List(
+        Unicode(),
+        config=True,
+        help="""RuntimeClasses users' job pods may name (runtimeClassName), enforced by the admission policy.
+        Default none: a runtime such as `nvidia` that hands out GPUs by environment variable would let a pod
+        see GPUs it never requested.""",
+    )
+
+    @default("container_security_context")
+    def _restricted_container(self) -> dict[str, Any]:
+        """What Pod Security `restricted` (the user namespaces' level) requires of every container."""
+        return {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+
     tfdist_place = "The cluster"
     _tfdist_base: dict[str, Any] | None = None
 
@@ -145,7 +164,16 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
             cpu_quota=None if jobs.cpu is None else jobs.cpu + nb_cpu,
             memory_quota_bytes=None if jobs.memory_gib is None else int((jobs.memory_gib + nb_mem) * 2**30),
             pods_quota=jobs.pods,
+            jobs_quota=None if jobs.jobs is None else 3 * jobs.jobs,
+            services_quota=None if jobs.jobs is None else 4 * jobs.jobs,
+            secrets_quota=None if jobs.jobs is None else jobs.jobs + 16,
+            pvcs_quota=jobs.volume_claims,
+            storage_quota_bytes=None if jobs.storage_gib is None else int(jobs.storage_gib * 2**30),
+            ephemeral_quota_bytes=None if jobs.local_disk_gib is None else int(jobs.local_disk_gib * 2**30),
             hub_namespace=self._hub_namespace(),
+            runtime_classes=list(self.allowed_runtime_classes),
+            namespace_labels=self._expand_all(self.user_namespace_labels),
+            namespace_annotations=self._expand_all(self.user_namespace_annotations),
         )
 
     def _hub_namespace(self) -> str:
@@ -158,9 +186,15 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         return os.environ.get("POD_NAMESPACE", "")
 
     async def _ensure_namespace(self) -> None:
-        """The user's namespace, converged on their profile before each start (idempotent)."""
-        await super()._ensure_namespace()
-        await prepare_user_namespace(self.api.api_client, self.tenant_policy())
+        """The user's namespace, created or converged on their profile before each start (idempotent).
+
+        Not KubeSpawner's own: it creates the namespace bare and adopts one that exists (409), while this
+        refuses a namespace that jupyter-tfdist did not make for this user (tenancy.owned_by)."""
+        try:
+            await prepare_user_namespace(self.api.api_client, self.tenant_policy())
+        except tenancy.NamespaceTaken as e:
+            self.log.error("tfdist: %s", e)
+            raise web.HTTPError(409, str(e)) from None
 
     def _base(self) -> dict[str, Any]:
         if self._tfdist_base is None:

@@ -181,16 +181,24 @@ class CustomImage(_Strict):
 class JobLimits(_Strict):
     """Kubernetes: what a user's `%%tfdist` jobs may hold together, beside their notebook servers (the
     user namespace's ResourceQuota adds the profile's own cpu/memory maxima for the notebook). Unset cpu or
-    memory: no cap on it."""
+    memory: no cap on it. The counts and disks have default caps (``null``: no cap), so that one user
+    cannot fill the API server, the nodes' disks or the storage class."""
 
     cpu: float | None = Field(None, gt=0)
     memory_gib: float | None = Field(None, gt=0)
     #: pods in the user's namespace, notebook servers included
     pods: int = Field(32, ge=1, strict=True)
+    #: %%tfdist jobs at once (each is 2-3 batch Jobs, a Service or more, a Secret)
+    jobs: int | None = Field(16, ge=1, strict=True)
+    #: local disk (ephemeral storage) of all the namespace's containers, requests and limits
+    local_disk_gib: float | None = Field(100, gt=0)
+    #: persistent volume claims (the notebook's home included) and the storage they request
+    volume_claims: int | None = Field(4, ge=0, strict=True)
+    storage_gib: float | None = Field(100, gt=0)
 
     @model_validator(mode="after")
     def _finite_values(self) -> JobLimits:
-        for name in ("cpu", "memory_gib"):
+        for name in ("cpu", "memory_gib", "local_disk_gib", "storage_gib"):
             v = getattr(self, name)
             if v is not None:
                 _finite(v, name)

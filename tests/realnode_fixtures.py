@@ -23,6 +23,15 @@ from tests import realnode
 
 REPO = Path(__file__).resolve().parents[1]
 
+# what Pod Security "restricted" asks of a container (the job image's user is uid 1000)
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
 
 class RealCluster:
     """REST helpers for tests, on top of the state ``realnode.up()`` wrote."""
@@ -69,8 +78,10 @@ class RealCluster:
         extra: dict | None = None,
         image: str | None = None,
         limits: dict | None = None,
+        restricted: bool = True,
     ) -> dict:
-        """Create a pod on the real node running ``python3 -c script`` in the test image."""
+        """Create a pod on the real node running ``python3 -c script`` in the test image; as Pod Security
+        `restricted` (user namespaces' level) allows unless `restricted` is False."""
         spec = {
             "restartPolicy": restart,
             "terminationGracePeriodSeconds": 1,
@@ -82,6 +93,7 @@ class RealCluster:
                     "imagePullPolicy": "Never",
                     "command": ["python3", "-u", "-c", script],
                     "resources": {"limits": limits or {"cpu": "200m", "memory": "128Mi"}},
+                    **({"securityContext": RESTRICTED} if restricted else {}),
                 }
             ],
             **(extra or {}),

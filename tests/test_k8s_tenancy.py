@@ -38,6 +38,39 @@ NOTEBOOK_RBAC = REPO / "hub_config" / "rbac-notebook.yaml"
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 GPU_TOL = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 IMAGE = "example.org/tfdist-job:1"
+# what Pod Security "restricted" (the user namespaces' level) asks of a container
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+NOTEBOOK = "jupyter-nb"
+
+
+def notebook_pod(plane, ns: str, user: str) -> str:
+    """A stand-in for the user's notebook pod (created by the hub, as KubeSpawner would): its UID."""
+    pod = plane.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"name": NOTEBOOK, "labels": mf.notebook_pod_labels(user)},
+            "spec": {"containers": [{"name": "c", "image": IMAGE, "securityContext": RESTRICTED}]},
+        },
+    )
+    return pod["metadata"]["uid"]
+
+
+# the caps every user namespace has by default (counts, local disk, claims)
+DEFAULT_CAPS = {
+    "count/jobs.batch": "48",
+    "services": "64",
+    "secrets": "32",
+    "persistentvolumeclaims": "4",
+    "requests.storage": str(100 * 2**30),
+    "requests.ephemeral-storage": str(100 * 2**30),
+    "limits.ephemeral-storage": str(100 * 2**30),
+}
 
 
 def gpu_policy(user: str, ns: str, **kw: Any) -> tenancy.TenantPolicy:
@@ -80,7 +113,7 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "RoleBinding",
     ]
     ns = objs[0]["metadata"]["labels"]
-    assert ns[tenancy.L_TENANT] == "true" and ns["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert ns[tenancy.L_TENANT] == "true" and ns["pod-security.kubernetes.io/enforce"] == "restricted"
     assert objs[1]["spec"]["hard"] == {
         "requests.nvidia.com/gpu": "8",
         "requests.nvidia.com/mig-1g.10gb": "0",
@@ -89,6 +122,7 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "requests.memory": str(64 * 2**30),
         "limits.memory": str(64 * 2**30),
         "pods": "20",
+        **DEFAULT_CAPS,
     }
     assert objs[3]["data"] == {
         "gpuResource": "nvidia.com/gpu",
@@ -98,6 +132,7 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "tolerations": "nvidia.com/gpu|Exists||NoSchedule",
         "requiredTolerations": "nvidia.com/gpu|Exists||NoSchedule",
         "queue": "ml-team",
+        "runtimeClasses": "",
     }
     assert objs[4]["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
     rules = objs[7]["rules"]
@@ -212,7 +247,8 @@ async def users(k8s_plane, hub):
     async with _api_for_token(k8s_plane, _token(k8s_plane, hub, "hub")) as api:
         await prepare_user_namespace(api, gpu_policy("ann", ann_ns, hub_namespace=hub))
         await prepare_user_namespace(api, cpu_policy("bob", bob_ns))
-    yield {"hub": hub, "ann": ann_ns, "bob": bob_ns}
+    uids = {ann_ns: notebook_pod(k8s_plane, ann_ns, "ann"), bob_ns: notebook_pod(k8s_plane, bob_ns, "bob")}
+    yield {"hub": hub, "ann": ann_ns, "bob": bob_ns, "notebook_uid": uids}
     for ns in (ann_ns, bob_ns):
         try:
             k8s_plane.request("DELETE", f"/api/v1/namespaces/{ns}")
@@ -227,7 +263,7 @@ async def test_hub_converges_a_user_namespace_on_every_spawn(k8s_plane, users):
         await prepare_user_namespace(api, gpu_policy("ann", ann, gpu_quota={"nvidia.com/gpu": 2}, queue=""))
         await prepare_user_namespace(api, gpu_policy("ann", ann, gpu_quota={"nvidia.com/gpu": 2}, queue=""))
     quota = k8s_plane.get(f"/api/v1/namespaces/{ann}/resourcequotas/{tenancy.QUOTA}")
-    assert quota["spec"]["hard"] == {"requests.nvidia.com/gpu": "2", "pods": "20"}
+    assert quota["spec"]["hard"] == {"requests.nvidia.com/gpu": "2", "pods": "20", **DEFAULT_CAPS}
     params = k8s_plane.get(f"/api/v1/namespaces/{ann}/configmaps/{tenancy.POLICY_PARAMS}")["data"]
     assert params["queue"] == ""
     ns = k8s_plane.get(f"/api/v1/namespaces/{ann}")["metadata"]["labels"]
@@ -239,11 +275,6 @@ async def test_notebook_token_reaches_neither_the_hub_nor_other_users(k8s_plane,
     from kubernetes_asyncio.client.exceptions import ApiException
 
     hub, ann, bob = users["hub"], users["ann"], users["bob"]
-    k8s_plane.request(
-        "POST",
-        f"/api/v1/namespaces/{ann}/pods",
-        {"metadata": {"name": "nb"}, "spec": {"containers": [{"name": "c", "image": IMAGE}]}},
-    )
     k8s_plane.request(
         "POST", f"/api/v1/namespaces/{bob}/secrets", {"metadata": {"name": "bobs"}, "stringData": {"k": "v"}}
     )
@@ -280,7 +311,7 @@ async def test_notebook_token_reaches_neither_the_hub_nor_other_users(k8s_plane,
         assert (await status(core.list_namespaced_pod(bob)))[0] == 403
         # its own namespace: no patch, no reading Secrets, no touching its quota, policy or RBAC
         patch = {"metadata": {"labels": {mf.L_TASK: "chief-0"}}}
-        assert (await status(core.patch_namespaced_pod("nb", ann, patch)))[0] == 403
+        assert (await status(core.patch_namespaced_pod(NOTEBOOK, ann, patch)))[0] == 403
         assert (await status(core.list_namespaced_secret(ann)))[0] == 403
         assert (await status(core.read_namespaced_secret("anything", ann)))[0] == 403
         cm = {"data": {"queue": ""}}
@@ -321,8 +352,13 @@ async def test_notebook_token_reaches_neither_the_hub_nor_other_users(k8s_plane,
 
 
 def _backend(plane, kubeconfig: str, ns: str, user: str, **env: str) -> KubernetesBackend:
+    """The user's kernel as in their notebook pod: the pod (NOTEBOOK in `ns`, if there) owns its jobs."""
+    pod = plane.get(f"/api/v1/namespaces/{ns}/pods/{NOTEBOOK}")
+    owner = {"TFDIST_POD_NAME": NOTEBOOK, "TFDIST_POD_UID": pod["metadata"]["uid"]} if pod else {}
     return KubernetesBackend(
-        from_environ({"TFDIST_NAMESPACE": ns, "TFDIST_WORKER_IMAGE": IMAGE, "TFDIST_USER": user, **env}),
+        from_environ(
+            {"TFDIST_NAMESPACE": ns, "TFDIST_WORKER_IMAGE": IMAGE, "TFDIST_USER": user, **owner, **env}
+        ),
         kubeconfig=kubeconfig,
     )
 

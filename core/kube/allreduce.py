@@ -39,6 +39,9 @@ def _as_replica(
         if e["name"] in values:
             e["value"] = values.pop(e["name"])
     container["env"] += [{"name": k, "value": v} for k, v in values.items()]
+    container["env"] = [e for e in container["env"] if e != mf.NO_GPU_ENV]
+    if not spec.gpus_per_worker:
+        container["env"].append(dict(mf.NO_GPU_ENV))
     container["resources"] = mf._resources(spec, spec.gpus_per_worker, gpu_resource)
     if spec.gpus_per_worker and node_selector:
         template["spec"]["nodeSelector"] = dict(node_selector)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tenancy import TenantPolicy, tenant_objects
+from .tenancy import NamespaceTaken, TenantPolicy, owned_by, tenant_objects
 
 _PATHS = {
     "Namespace": "/api/v1/namespaces",
@@ -38,8 +38,9 @@ async def _call(api: Any, method: str, path: str, body: Any = None) -> dict[str,
     return data if isinstance(data, dict) else {}
 
 
-async def apply(api: Any, obj: dict[str, Any]) -> dict[str, Any]:
-    """Create `obj`, or replace the live one of that name with it."""
+async def apply(api: Any, obj: dict[str, Any], policy: TenantPolicy | None = None) -> dict[str, Any]:
+    """Create `obj`, or replace the live one of that name with it; a live Namespace only if it is the one
+    made for `policy`'s user (else NamespaceTaken, and nothing changes)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
     kind, meta = obj["kind"], obj["metadata"]
@@ -52,6 +53,12 @@ async def apply(api: Any, obj: dict[str, Any]) -> dict[str, Any]:
     item = f"{collection}/{meta['name']}"
     live = await _call(api, "GET", item)
     new = {**obj, "metadata": {**meta, "resourceVersion": live["metadata"]["resourceVersion"]}}
+    if kind == "Namespace" and (policy is None or not owned_by(live, policy)):
+        raise NamespaceTaken(
+            f"namespace {meta['name']!r} already exists and was not created by jupyter-tfdist for "
+            f"{policy.user if policy else 'this user'!r}: the hub will not take it over (an admin can "
+            "delete it, or change the spawner's user_namespace_template)"
+        )
     if kind == "Namespace":  # keep labels others set; the spec (finalizers) is the server's
         labels = {**(live["metadata"].get("labels") or {}), **meta.get("labels", {})}
         new = {**live, "metadata": {**live["metadata"], "labels": labels}}
@@ -64,7 +71,7 @@ async def prepare_user_namespace(api: Any, policy: TenantPolicy) -> list[dict[st
     """The user's namespace with its quota, limits, account, Role and policies, as the profile says now.
 
     The spawner calls it before every start; `scripts/cluster user NAME` calls it too."""
-    return [await apply(api, obj) for obj in tenant_objects(policy)]
+    return [await apply(api, obj, policy) for obj in tenant_objects(policy)]
 
 
 async def notebook_token(api: Any, namespace: str, ttl_s: int = 3600) -> str:

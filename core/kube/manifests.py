@@ -43,6 +43,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 FINISHED_TTL_S = 15  # a finished root (and with it the whole job) is deleted this long after it ends
 WORKER_RESTARTS = 3  # per worker index (backoffLimitPerIndex)
 TERMINATION_GRACE_S = 5
+# on containers without GPUs: a CUDA image sets NVIDIA_VISIBLE_DEVICES=all, and where the NVIDIA runtime is
+# the node's default its toolkit would hand such a container every GPU of the node, counted by no quota (the
+# admission policy refuses any other NVIDIA_* variable)
+NO_GPU_ENV = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 
 
 def label_value(text: str) -> str:
@@ -230,6 +234,8 @@ def pod_template(
             "valueFrom": {"secretKeyRef": {"name": f"{spec.name}-token", "key": "token"}},
         },
     ]
+    if not gpus:
+        env.append(NO_GPU_ENV)
     if role == "chief":
         env.append({"name": "TFDIST_AGENT_PORT", "value": str(AGENT_PORT)})
     if role == "chief" and result_wait_s is not None:

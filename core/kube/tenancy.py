@@ -5,8 +5,9 @@ pods there can mount any Secret of it, and can label its pods as anyone's job). 
 namespace that holds their notebook pods and their `%%tfdist` jobs, and in it:
 
 * a ResourceQuota: GPUs per model resource (the profile's ``max_gpus_per_user`` covers the notebook and
-  the jobs together; 0 for every GPU resource the profile does not offer), CPU, memory and pod counts
-  from the profile's ``jobs`` block;
+  the jobs together; 0 for every GPU resource the profile does not offer), CPU, memory, local disk,
+  volume claims and object counts (pods, Jobs, Services, Secrets) from the profile's ``jobs`` block, whose
+  defaults are caps too: nothing a user creates is unbounded;
 * a LimitRange, so job pods without ``--cpu``/``--memory`` still count against the quota;
 * the notebook's ServiceAccount with a Role of exactly the verbs the Kubernetes backend uses (no patch, no
   get/list of Secrets: it may delete only the job Secrets it names);
@@ -15,8 +16,10 @@ namespace that holds their notebook pods and their `%%tfdist` jobs, and in it:
   (hub_config/admission-policy.yaml): which GPU resource, node selector, tolerations and Kueue queue pods
   created by the user's service accounts must carry. The user cannot edit it (no configmaps verb).
 
-The namespace is labelled ``tfdist.io/tenant=true`` (the admission policy's binding selects on it) and
-Pod Security ``baseline`` (no privileged, hostPath or host-network pods).
+The namespace is labelled ``tfdist.io/tenant=true`` (the admission policy's binding selects on it), with
+the user it was made for, and Pod Security ``restricted`` (non-root, no capabilities such as NET_RAW that
+would let a pod spoof its neighbours on the node's bridge, RuntimeDefault seccomp). A namespace of that
+name that jupyter-tfdist did not create for this very user is never taken over (`owned_by`).
 """
 
 from __future__ import annotations
@@ -82,6 +85,27 @@ class TenantPolicy:
     #: may reach notebook servers through the default deny; "" admits nobody
     hub_namespace: str = ""
     notebook_port: int = 8888
+    #: RuntimeClasses pods may name (none: the cluster's default runtime only)
+    runtime_classes: list[str] = field(default_factory=list)
+    #: object counts and local storage: each is a cap of the quota (None: no cap on it)
+    jobs_quota: int | None = 48  # batch Jobs: a %%tfdist job has 2 or 3
+    services_quota: int | None = 64
+    secrets_quota: int | None = 32
+    pvcs_quota: int | None = 4
+    storage_quota_bytes: int | None = 100 * 2**30  # requests.storage of the claims
+    ephemeral_quota_bytes: int | None = 100 * 2**30  # requests and limits of local disk
+    default_ephemeral_request: str = "256Mi"
+    default_ephemeral_limit: str = "4Gi"
+    #: labels and annotations the admin asked for (KubeSpawner's user_namespace_labels/annotations)
+    namespace_labels: dict[str, str] = field(default_factory=dict)
+    namespace_annotations: dict[str, str] = field(default_factory=dict)
+
+
+POD_SECURITY = "restricted"
+
+
+class NamespaceTaken(Exception):
+    """A namespace of the user's name exists and is not one jupyter-tfdist made for this user."""
 
 
 def toleration_key(t: dict[str, Any]) -> str:
@@ -96,19 +120,27 @@ def _meta(name: str, p: TenantPolicy, **extra: Any) -> dict[str, Any]:
 
 
 def namespace(p: TenantPolicy) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {
-            "name": p.namespace,
-            "labels": {
-                **PART_OF,
-                L_TENANT: "true",
-                mf.L_USER: mf.user_label(p.user),
-                "pod-security.kubernetes.io/enforce": "baseline",
-            },
+    meta: dict[str, Any] = {
+        "name": p.namespace,
+        "labels": {
+            **p.namespace_labels,
+            **PART_OF,
+            L_TENANT: "true",
+            mf.L_USER: mf.user_label(p.user),
+            "pod-security.kubernetes.io/enforce": POD_SECURITY,
+            "pod-security.kubernetes.io/enforce-version": "latest",
         },
     }
+    if p.namespace_annotations:
+        meta["annotations"] = dict(p.namespace_annotations)
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def owned_by(live: dict[str, Any], p: TenantPolicy) -> bool:
+    """Whether an existing namespace is the one jupyter-tfdist made for `p.user`: only then does the hub
+    converge it (a user name that maps onto kube-system or another team's namespace gets nothing there)."""
+    labels = (live.get("metadata") or {}).get("labels") or {}
+    return labels.get(L_TENANT) == "true" and labels.get(mf.L_USER) == mf.user_label(p.user)
 
 
 def resource_quota(p: TenantPolicy) -> dict[str, Any]:
@@ -119,16 +151,30 @@ def resource_quota(p: TenantPolicy) -> dict[str, Any]:
         hard["requests.memory"] = hard["limits.memory"] = str(p.memory_quota_bytes)
     if p.pods_quota is not None:
         hard["pods"] = str(p.pods_quota)
+    counts = {
+        "count/jobs.batch": p.jobs_quota,
+        "services": p.services_quota,
+        "secrets": p.secrets_quota,
+        "persistentvolumeclaims": p.pvcs_quota,
+        "requests.storage": p.storage_quota_bytes,
+        "requests.ephemeral-storage": p.ephemeral_quota_bytes,
+        "limits.ephemeral-storage": p.ephemeral_quota_bytes,
+    }
+    hard.update({k: str(v) for k, v in counts.items() if v is not None})
     return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta(QUOTA, p), "spec": {"hard": hard}}
 
 
 def limit_range(p: TenantPolicy) -> dict[str, Any]:
-    amounts = {"cpu": p.default_cpu, "memory": p.default_memory}
+    limits = {"cpu": p.default_cpu, "memory": p.default_memory}
+    requests = dict(limits)
+    if p.ephemeral_quota_bytes is not None:  # a quota on it refuses pods that do not say theirs
+        limits["ephemeral-storage"] = p.default_ephemeral_limit
+        requests["ephemeral-storage"] = p.default_ephemeral_request
     return {
         "apiVersion": "v1",
         "kind": "LimitRange",
         "metadata": _meta(LIMITS, p),
-        "spec": {"limits": [{"type": "Container", "default": amounts, "defaultRequest": dict(amounts)}]},
+        "spec": {"limits": [{"type": "Container", "default": limits, "defaultRequest": requests}]},
     }
 
 
@@ -206,6 +252,7 @@ def policy_params(p: TenantPolicy) -> dict[str, Any]:
             "tolerations": "\n".join(toleration_key(t) for t in p.tolerations),
             "requiredTolerations": "\n".join(toleration_key(t) for t in p.required_tolerations),
             "queue": p.queue,
+            "runtimeClasses": "\n".join(p.runtime_classes),
         },
     }
 

@@ -1,0 +1,372 @@
+"""Tenant escapes (issue 22) attacked as a user would, against a real API server: each request is made with
+the user's own notebook service-account token in their own namespace (what `kubectl` from their notebook
+can do), or with the hub's own token for the hub's bounds. Each of these requests went through before the
+admission policies (hub_config/admission-policy.yaml, the bounds at the end of
+hub_config/rbac-hub-tenancy.yaml), Pod Security `restricted` and the quota's caps."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.test_k8s_tenancy import (  # noqa: F401  (fixtures)
+    GPU_TOL,
+    H100,
+    IMAGE,
+    NOTEBOOK,
+    RESTRICTED,
+    _token,
+    hub,
+    users,
+)
+from tfdist.kube import tenancy
+from tfdist.kube.apply import prepare_user_namespace
+
+pytestmark = [pytest.mark.k8s]
+
+
+def call(plane, token: str, method: str, path: str, body: Any = None) -> tuple[int, dict]:
+    """One API request with `token` (the user's kubectl): (status, the answer)."""
+    req = urllib.request.Request(
+        plane.server + path, data=None if body is None else json.dumps(body).encode(), method=method
+    )
+    req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, context=plane._ssl, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def refused(answer: tuple[int, dict], *words: str) -> None:
+    code, body = answer
+    assert code in (403, 422), f"admitted ({code}): {json.dumps(body)[:400]}"
+    for w in words:
+        assert w in body.get("message", ""), body.get("message")
+
+
+def notebook_owner(plane, ns: str) -> dict[str, Any]:
+    pod = plane.get(f"/api/v1/namespaces/{ns}/pods/{NOTEBOOK}")
+    return {"apiVersion": "v1", "kind": "Pod", "name": NOTEBOOK, "uid": pod["metadata"]["uid"]}
+
+
+def gpu_job(plane, ns: str, name: str, **pod: Any) -> dict[str, Any]:
+    """A Job the policy admits for ann (a GPU profile: H100s, queue ml-team), as the backend makes it."""
+    container = {
+        "name": "c",
+        "image": IMAGE,
+        "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1", "memory": "1Gi"}},
+        "securityContext": RESTRICTED,
+    }
+    spec = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "nodeSelector": dict(H100),
+        "tolerations": [dict(GPU_TOL)],
+        **pod,
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {"kueue.x-k8s.io/queue-name": "ml-team"},
+            "ownerReferences": [notebook_owner(plane, ns)],
+        },
+        "spec": {"suspend": True, "template": {"metadata": {"labels": {}}, "spec": spec}},
+    }
+
+
+def cpu_job(plane, ns: str, name: str) -> dict[str, Any]:
+    job = gpu_job(plane, ns, name)
+    pod = job["spec"]["template"]["spec"]
+    pod["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    del pod["nodeSelector"], pod["tolerations"]
+    return job
+
+
+@pytest.fixture
+def ann(k8s_plane, users):
+    ns = users["ann"]
+    return ns, _token(k8s_plane, ns, tenancy.NOTEBOOK_SA)
+
+
+def jobs_path(ns: str) -> str:
+    return f"/apis/batch/v1/namespaces/{ns}/jobs"
+
+
+# ------------------------------------------------------------------------------ HIGH 3: Job UPDATE
+def test_a_suspended_jobs_template_cannot_be_swapped_for_what_create_refuses(k8s_plane, ann):
+    ns, token = ann
+    name = f"sw-{uuid.uuid4().hex[:6]}"
+    code, job = call(k8s_plane, token, "POST", jobs_path(ns), gpu_job(k8s_plane, ns, name))
+    assert code == 201, job
+    item = f"{jobs_path(ns)}/{name}"
+
+    def update(change) -> tuple[int, dict]:
+        live = call(k8s_plane, token, "GET", item)[1]
+        change(live)
+        return call(k8s_plane, token, "PUT", item, live)
+
+    def tolerate_all(j):
+        j["spec"]["template"]["spec"]["tolerations"].append({"operator": "Exists"})
+
+    def other_model(j):
+        j["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+
+    def more_gpus(j):
+        j["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+
+    def no_queue(j):
+        j["metadata"]["labels"].pop("kueue.x-k8s.io/queue-name")
+
+    def unowned(j):
+        j["metadata"].pop("ownerReferences")
+
+    refused(update(tolerate_all), "not allowed")
+    refused(update(other_model))
+    refused(update(more_gpus))
+    refused(update(no_queue), "Kueue queue ml-team")
+    refused(update(unowned))
+    live = call(k8s_plane, token, "GET", item)[1]
+    tpl = live["spec"]["template"]["spec"]
+    assert tpl["tolerations"] == [GPU_TOL] and tpl["nodeSelector"] == H100
+    # what the backend does is still allowed: resume, renew the deadline (the lifeline)
+    code, body = update(lambda j: j["spec"].update(suspend=False, activeDeadlineSeconds=600))
+    assert code == 200, body
+
+
+# ---------------------------------------------------------------- HIGH 4: GPUs without requesting GPUs
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            lambda c, p, m: c.setdefault("env", []).append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}),
+            ["NVIDIA_VISIBLE_DEVICES is not allowed"],
+        ),
+        (lambda c, p, m: p.update(runtimeClassName="nvidia"), ["runtimeClassName nvidia is not allowed"]),
+        (lambda c, p, m: p.update(tolerations=[dict(GPU_TOL)]), ["may not tolerate the GPU nodes"]),
+        (lambda c, p, m: p.update(nodeName="gpu-node-0"), ["may not name their node"]),
+        (
+            lambda c, p, m: c.update(envFrom=[{"secretRef": {"name": "mine"}}]),
+            ["envFrom is not allowed"],
+        ),
+        (
+            lambda c, p, m: m.update(annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}),
+            ["cdi.k8s.io/gpu is not allowed"],
+        ),
+        (
+            lambda c, p, m: p.update(
+                tolerations=[{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}]
+            ),
+            ["not allowed"],
+        ),
+    ],
+    ids=["nvidia-env", "runtime-class", "gpu-toleration", "node-name", "env-from", "cdi", "not-ready"],
+)
+def test_a_pod_without_a_gpu_request_gets_no_gpu_by_other_means(k8s_plane, ann, change, words):
+    ns, token = ann
+    job = cpu_job(k8s_plane, ns, f"g-{uuid.uuid4().hex[:6]}")
+    tpl = job["spec"]["template"]
+    change(tpl["spec"]["containers"][0], tpl["spec"], tpl["metadata"])
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), *words)
+
+
+def test_the_gpu_cap_counts_the_whole_pod(k8s_plane, ann):
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"cap-{uuid.uuid4().hex[:6]}")
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    c["resources"]["limits"]["nvidia.com/gpu"] = "8"  # the profile's per-pod maximum
+    pod["containers"].append({**copy.deepcopy(c), "name": "d"})
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "at most 8 nvidia.com/gpu per pod")
+
+
+# ---------------------------------------------------- HIGH 2: Services that capture addresses, and more
+def _owned_by_job(plane, token: str, ns: str) -> dict[str, Any]:
+    name = f"own-{uuid.uuid4().hex[:6]}"
+    code, job = call(plane, token, "POST", jobs_path(ns), cpu_job(plane, ns, name))
+    assert code == 201, job
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"]}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"externalIPs": ["NODE"], "ports": [{"port": 8081}]},
+        {"type": "NodePort", "ports": [{"port": 80}]},
+        {"type": "LoadBalancer", "ports": [{"port": 80}]},
+        {"type": "ExternalName", "externalName": "hub.jhub.svc.cluster.local"},
+    ],
+    ids=["external-ips", "node-port", "load-balancer", "external-name"],
+)
+def test_a_user_service_cannot_reach_past_the_namespace(k8s_plane, ann, spec):
+    ns, token = ann
+    owner = _owned_by_job(k8s_plane, token, ns)
+    spec = json.loads(json.dumps(spec).replace("NODE", k8s_plane.address))
+    svc = {"metadata": {"name": f"s-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]}, "spec": spec}
+    refused(call(k8s_plane, token, "POST", f"/api/v1/namespaces/{ns}/services", svc))
+    # a job's own headless Service is still fine
+    ok = {
+        "metadata": {"name": f"h-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]},
+        "spec": {"clusterIP": "None", "ports": [{"port": 2222}]},
+    }
+    code, body = call(k8s_plane, token, "POST", f"/api/v1/namespaces/{ns}/services", ok)
+    assert code == 201, body
+
+
+def test_no_service_account_token_secret_no_egress_policy_no_unowned_objects(k8s_plane, ann):
+    ns, token = ann
+    owner = _owned_by_job(k8s_plane, token, ns)
+    forever = {
+        "metadata": {
+            "name": "forever",
+            "annotations": {"kubernetes.io/service-account.name": tenancy.NOTEBOOK_SA},
+            "ownerReferences": [owner],
+        },
+        "type": "kubernetes.io/service-account-token",
+    }
+    refused(call(k8s_plane, token, "POST", f"/api/v1/namespaces/{ns}/secrets", forever), "Opaque")
+    egress = {
+        "metadata": {"name": "out", "ownerReferences": [owner]},
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]},
+    }
+    refused(
+        call(k8s_plane, token, "POST", f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies", egress),
+        "only admit ingress",
+    )
+    # objects that would outlive the server: no owner, or one that never ends (the quota, which users
+    # may list, so its UID is known)
+    refused(
+        call(k8s_plane, token, "POST", f"/api/v1/namespaces/{ns}/secrets", {"metadata": {"name": "loose"}}),
+        "must be owned by one of your jobs",
+    )
+    job = cpu_job(k8s_plane, ns, f"loose-{uuid.uuid4().hex[:6]}")
+    del job["metadata"]["ownerReferences"]
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "owned by your notebook server's pod")
+    quota = call(k8s_plane, token, "GET", f"/api/v1/namespaces/{ns}/resourcequotas")[1]["items"][0]
+    job["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "ResourceQuota", "name": tenancy.QUOTA, "uid": quota["metadata"]["uid"]}
+    ]
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "owned by your notebook server's pod")
+
+
+# ----------------------------------------------------------- MEDIUM: Pod Security restricted, caps
+def test_a_jobs_pod_gets_no_net_raw_and_no_root(k8s_plane, users):
+    """NET_RAW would let a pod spoof ARP on the node's bridge and send packets as another pod; Pod Security
+    `baseline` allowed it (and root). The Job is admitted; the Job controller gets no pod for it."""
+    ns = users["bob"]
+    token = _token(k8s_plane, ns, tenancy.NOTEBOOK_SA)
+    name = f"raw-{uuid.uuid4().hex[:6]}"
+    job = cpu_job(k8s_plane, ns, name)
+    job["metadata"]["labels"] = {}
+    job["spec"]["suspend"] = False
+    # no securityContext: root, and the runtime's default capabilities, NET_RAW among them
+    del job["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns), job)
+    assert code == 201, body
+    deadline = time.monotonic() + 30
+    while True:
+        sel = "fieldSelector=reason%3DFailedCreate"
+        evs = k8s_plane.get(f"/api/v1/namespaces/{ns}/events?{sel}")["items"]
+        msgs = [e["message"] for e in evs if e["involvedObject"]["name"] == name]
+        if msgs:
+            break
+        assert time.monotonic() < deadline, "the Job controller neither created a pod nor was refused"
+        time.sleep(0.5)
+    assert any("violates PodSecurity" in m and "restricted" in m for m in msgs), msgs
+    assert not k8s_plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector=job-name%3D{name}")["items"]
+
+
+async def test_object_counts_are_capped(k8s_plane, users):
+    """A user who creates Secrets (or Jobs, Services, claims) without end fills the API server for everyone:
+    every user namespace's quota caps them by default."""
+    ns = users["bob"]
+    quota = k8s_plane.get(f"/api/v1/namespaces/{ns}/resourcequotas/{tenancy.QUOTA}")["spec"]["hard"]
+    for key in ("count/jobs.batch", "services", "secrets", "persistentvolumeclaims", "requests.storage"):
+        assert key in quota, quota
+    assert "requests.ephemeral-storage" in quota and "limits.ephemeral-storage" in quota
+    # the cap binds: one namespace with room for one Secret
+    carl = f"{users['hub']}-carl-{uuid.uuid4().hex[:4]}"
+    policy = tenancy.TenantPolicy(user="carl", namespace=carl, gpu_quota={"nvidia.com/gpu": 0}, secrets_quota=1)
+    from tests.test_k8s_tenancy import _api_for_token, notebook_pod
+
+    async with _api_for_token(k8s_plane, _token(k8s_plane, users["hub"], "hub")) as api:
+        await prepare_user_namespace(api, policy)
+    try:
+        notebook_pod(k8s_plane, carl, "carl")
+        token = _token(k8s_plane, carl, tenancy.NOTEBOOK_SA)
+        owner = _owned_by_job(k8s_plane, token, carl)
+        answers = [
+            call(
+                k8s_plane,
+                token,
+                "POST",
+                f"/api/v1/namespaces/{carl}/secrets",
+                {"metadata": {"name": f"s{i}", "ownerReferences": [owner]}, "stringData": {"k": "v"}},
+            )
+            for i in range(2)
+        ]
+        assert answers[0][0] == 201, answers[0]
+        refused(answers[1], "exceeded quota")
+    finally:
+        k8s_plane.request("DELETE", f"/api/v1/namespaces/{carl}")
+
+
+# ------------------------------------------------------------------ MEDIUM: the hub's own reach
+async def test_the_hub_takes_over_no_namespace_it_did_not_make_for_that_user(k8s_plane, users):
+    """A user whose namespace name is another team's (or kube-system): the spawn is refused, the namespace
+    keeps its labels, and no Role of ours is bound there."""
+    from tests.test_k8s_tenancy import _api_for_token, gpu_policy
+
+    hub_ns = users["hub"]
+    team = f"{hub_ns}-team-{uuid.uuid4().hex[:4]}"
+    k8s_plane.request("POST", "/api/v1/namespaces", {"metadata": {"name": team, "labels": {"team": "x"}}})
+    try:
+        async with _api_for_token(k8s_plane, _token(k8s_plane, hub_ns, "hub")) as api:
+            with pytest.raises(tenancy.NamespaceTaken, match="will not take it over"):
+                await prepare_user_namespace(api, gpu_policy("mallory", team))
+            # nor a namespace made for another user
+            with pytest.raises(tenancy.NamespaceTaken):
+                await prepare_user_namespace(api, gpu_policy("mallory", users["ann"]))
+        labels = k8s_plane.get(f"/api/v1/namespaces/{team}")["metadata"]["labels"]
+        assert tenancy.L_TENANT not in labels and labels["team"] == "x"
+        rb = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{team}/rolebindings/{tenancy.NOTEBOOK_SA}"
+        assert k8s_plane.get(rb) is None
+    finally:
+        k8s_plane.request("DELETE", f"/api/v1/namespaces/{team}")
+
+
+def test_the_hubs_token_writes_only_in_tenant_namespaces(k8s_plane, users):
+    hub_ns = users["hub"]
+    token = _token(k8s_plane, hub_ns, "hub")
+    binding = {
+        "metadata": {"name": f"x-{uuid.uuid4().hex[:6]}"},
+        # a ClusterRole the hub holds everywhere, so RBAC's own escalation check lets it bind it anywhere
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tfdist-hub-tenancy"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "kube-system"}],
+    }
+    path = "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings"
+    refused(call(k8s_plane, token, "POST", path, binding), "only in its own namespace and in user namespaces")
+    pod = {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "c", "image": IMAGE}]}}
+    refused(call(k8s_plane, token, "POST", "/api/v1/namespaces/kube-system/pods", pod))
+    live = call(k8s_plane, token, "GET", "/api/v1/namespaces/kube-system")[1]
+    live["metadata"].setdefault("labels", {})[tenancy.L_TENANT] = "true"
+    refused(call(k8s_plane, token, "PUT", "/api/v1/namespaces/kube-system", live), "only user namespaces")
+    assert tenancy.L_TENANT not in k8s_plane.get("/api/v1/namespaces/kube-system")["metadata"]["labels"]
+    # its own work still goes through: a pod in a user namespace
+    ann = users["ann"]
+    nb = {
+        "metadata": {"name": f"jupyter-{uuid.uuid4().hex[:4]}"},
+        "spec": {"containers": [{"name": "c", "image": IMAGE, "securityContext": RESTRICTED}]},
+    }
+    code, body = call(k8s_plane, token, "POST", f"/api/v1/namespaces/{ann}/pods", nb)
+    assert code == 201, body
