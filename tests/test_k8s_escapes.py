@@ -16,20 +16,15 @@ from typing import Any
 
 import pytest
 
-from tests.test_k8s_tenancy import (  # noqa: F401  (fixtures)
-    GPU_TOL,
-    H100,
-    IMAGE,
-    NOTEBOOK,
-    RESTRICTED,
-    _token,
-    hub,
-    users,
-)
+from tests import test_k8s_tenancy as tenancy_tests
+from tests.test_k8s_tenancy import GPU_TOL, H100, IMAGE, NOTEBOOK, RESTRICTED, _token
 from tfdist.kube import tenancy
 from tfdist.kube.apply import prepare_user_namespace
 
 pytestmark = [pytest.mark.k8s]
+# the hub (its RBAC and bounds, the admission policies) and two prepared users, as there
+hub = tenancy_tests.hub
+users = tenancy_tests.users
 
 
 def call(plane, token: str, method: str, path: str, body: Any = None) -> tuple[int, dict]:
@@ -149,7 +144,9 @@ def test_a_suspended_jobs_template_cannot_be_swapped_for_what_create_refuses(k8s
     ("change", "words"),
     [
         (
-            lambda c, p, m: c.setdefault("env", []).append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}),
+            lambda c, p, m: c.setdefault("env", []).append(
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
+            ),
             ["NVIDIA_VISIBLE_DEVICES is not allowed"],
         ),
         (lambda c, p, m: p.update(runtimeClassName="nvidia"), ["runtimeClassName nvidia is not allowed"]),
@@ -296,7 +293,9 @@ async def test_object_counts_are_capped(k8s_plane, users):
     assert "requests.ephemeral-storage" in quota and "limits.ephemeral-storage" in quota
     # the cap binds: one namespace with room for one Secret
     carl = f"{users['hub']}-carl-{uuid.uuid4().hex[:4]}"
-    policy = tenancy.TenantPolicy(user="carl", namespace=carl, gpu_quota={"nvidia.com/gpu": 0}, secrets_quota=1)
+    policy = tenancy.TenantPolicy(
+        user="carl", namespace=carl, gpu_quota={"nvidia.com/gpu": 0}, secrets_quota=1
+    )
     from tests.test_k8s_tenancy import _api_for_token, notebook_pod
 
     async with _api_for_token(k8s_plane, _token(k8s_plane, users["hub"], "hub")) as api:
@@ -351,7 +350,11 @@ def test_the_hubs_token_writes_only_in_tenant_namespaces(k8s_plane, users):
     binding = {
         "metadata": {"name": f"x-{uuid.uuid4().hex[:6]}"},
         # a ClusterRole the hub holds everywhere, so RBAC's own escalation check lets it bind it anywhere
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tfdist-hub-tenancy"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "tfdist-hub-tenancy",
+        },
         "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "kube-system"}],
     }
     path = "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings"
