@@ -42,6 +42,8 @@ c.KubeSpawner.start_timeout = 600
 # ---- tfdist GPU admin service: GPU-idle culling (the profiles' gpu_admin section), the admin page at
 # /services/tfdist-gpu-admin/ and Prometheus metrics there (dashboard: grafana-gpu-dashboard.json).
 # z2jh: expose port 10101 of the hub (hub.service.extraPorts, hub.networkPolicy.ingress for the proxy).
+# Notebook servers push their GPU activity to it through the proxy (TFDIST_GPU_ADMIN_PUBLIC_URL, or the
+# whole URL in TFDIST_GPU_ADMIN_REPORT_URL): singleuser egress must reach proxy-public.
 if os.environ.get("TFDIST_GPU_ADMIN", "1") != "0":
     from tfdist.hubadmin.hubconfig import enable_gpu_admin
 
@@ -52,4 +54,5 @@ if os.environ.get("TFDIST_GPU_ADMIN", "1") != "0":
         ip=os.environ.get("TFDIST_GPU_ADMIN_HOST", "hub"),
         bind_ip="0.0.0.0",
         port=10101,
+        servers_report_to=os.environ.get("TFDIST_GPU_ADMIN_REPORT_URL") or None,
     )

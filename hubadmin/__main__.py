@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 from tfdist.spawner.profiles import load_profiles_or_exit
 
 from .app import make_app
+from .report import MAX_BODY_BYTES
 from .service import GpuAdminState
 
 
@@ -36,24 +37,26 @@ async def _main() -> None:
     )
     cfg = load_profiles_or_exit(os.environ["TFDIST_PROFILES"])
     culling = cfg.gpu_admin.culling
+    period = float(
+        os.environ.get("TFDIST_GPU_ADMIN_PERIOD") or (culling.check_interval_s if culling else 30.0)
+    )
     state = GpuAdminState(
         api_url=os.environ["JUPYTERHUB_API_URL"],
         api_token=os.environ["JUPYTERHUB_API_TOKEN"],
-        public_url=os.environ.get("TFDIST_HUB_PUBLIC_URL", "http://127.0.0.1:8000"),
         culling=culling,
         profile_models={k: m.display_name for k, m in cfg.gpu_models.items()},
         machine_gpus=_machine_gpus(),
+        period=period,
     )
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/tfdist-gpu-admin/")
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     make_app(state, prefix).listen(
-        url.port or 80, os.environ.get("TFDIST_GPU_ADMIN_BIND") or url.hostname or ""
-    )
-    period = float(
-        os.environ.get("TFDIST_GPU_ADMIN_PERIOD") or (culling.check_interval_s if culling else 30.0)
+        url.port or 80,
+        os.environ.get("TFDIST_GPU_ADMIN_BIND") or url.hostname or "",
+        max_body_size=4 * MAX_BODY_BYTES,  # up to here a too-big report gets a 400 with the reason
     )
     logging.getLogger("tfdist.hubadmin").info(
-        "GPU admin service on %s%s; culling %s; round every %gs",
+        "GPU admin service on %s%s; culling %s; servers report every %gs",
         url.geturl(),
         prefix,
         "on" if culling else "off (no gpu_admin.culling in the profiles)",

@@ -1,7 +1,7 @@
 """GPU-idle culling: what to do with one GPU server, given its activity report and the admin's rule.
 
 Why a pure function: the decision (warn, wait, stop, leave alone) is the part admins argue about, so it is
-tested on its own; the service (`service.py`) only fetches reports and carries out what this says.
+tested on its own; the service (`service.py`) only takes the servers' reports and carries out what this says.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from .config import CullingRule
 
 __all__ = ["Decision", "decide", "warning_text"]
 
-Action = Literal["cpu-only", "disabled", "unknown", "job-running", "active", "warn", "warned", "cull"]
+# "no-data": the server has not reported lately (set by the service, never by `decide`): never culled
+Action = Literal[
+    "cpu-only", "disabled", "unknown", "no-data", "job-running", "active", "warn", "warned", "cull"
+]
 
 
 @dataclass(frozen=True)
@@ -26,8 +29,8 @@ class Decision:
 def decide(
     rule: CullingRule | None, report: dict[str, Any], warned_cull_at: float | None, now: float
 ) -> Decision:
-    """`report`: the server's ``tfdist/api/activity`` answer asked with ``busy_percent`` = the rule's
-    threshold; `warned_cull_at`: when this server was told it would be stopped (None: not warned)."""
+    """`report`: the server's latest report (``gpus``, ``idle_s`` counted against the rule's threshold, None
+    when not known, ``jobs_running``); `warned_cull_at`: when the server was told it would be stopped."""
     if not report.get("gpus"):
         return Decision("cpu-only")  # the ordinary idle culler's business
     if rule is None or not rule.enabled:

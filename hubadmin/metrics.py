@@ -7,6 +7,7 @@ with ``gpu``, ``UUID``, ``modelName``) so an existing DCGM Grafana panel works o
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -31,15 +32,18 @@ def render_metrics(state: Any) -> str:
     held: Counter[tuple[str, str, str]] = Counter()
     busy: Counter[tuple[str, str, str]] = Counter()
     util_lines, mem_lines, idle_lines = [], [], []
+    now = time.time()
+    no_data = 0
     for rec in sorted(state.servers.values(), key=lambda r: r.key):
-        rule = state.rule_for(rec)
-        thr = rule.idle_below_percent if rule else 5.0
-        utils, mems = rec.last_utils(), rec.last_mem()
+        thr = state.threshold(rec)
+        fresh = rec.fresh(now)
+        no_data += not fresh
+        utils, mems = rec.last_utils(now), rec.last_mem(now)
         for i, g in enumerate(rec.gpus):
             lab = {
-                "gpu": g.get("index"),
-                "UUID": g.get("uuid"),
-                "modelName": g.get("name"),
+                "gpu": g.index,
+                "UUID": g.uuid,
+                "modelName": g.name,
                 "hub_user": rec.user,
                 "server": rec.name,
                 "profile": rec.profile or "",
@@ -50,11 +54,11 @@ def render_metrics(state: Any) -> str:
                 util_lines.append(f"DCGM_FI_DEV_GPU_UTIL{_labels(lab)} {u:g}")
             if m is not None:
                 mem_lines.append(f"DCGM_FI_DEV_FB_USED{_labels(lab)} {m:g}")
-            key = (rec.user, rec.profile or "", g.get("name") or "")
+            key = (rec.user, rec.profile or "", g.name or "")
             held[key] += 1
             if u is not None and u >= thr:
                 busy[key] += 1
-        if rec.gpus and rec.idle_s is not None:
+        if rec.gpus and rec.idle_s is not None and fresh:
             idle_lines.append(
                 f"tfdist_server_gpu_idle_seconds{_labels({'hub_user': rec.user, 'server': rec.name})} "
                 f"{rec.idle_s:g}"
@@ -82,8 +86,12 @@ def render_metrics(state: Any) -> str:
     out.append(f"tfdist_culler_warnings_total {state.warned_total}")
     head("tfdist_culler_culls_total", "counter", "GPU servers stopped for idleness.")
     out.append(f"tfdist_culler_culls_total {state.culled_total}")
-    head("tfdist_server_checks_total", "counter", "Server activity checks made.")
+    head("tfdist_servers_without_data", "gauge", "Running servers with no recent report (never culled).")
+    out.append(f"tfdist_servers_without_data {no_data}")
+    head("tfdist_server_checks_total", "counter", "Activity reports accepted from servers.")
     out.append(f"tfdist_server_checks_total {state.checks_total}")
-    head("tfdist_server_check_seconds_total", "counter", "Time spent on server checks (seconds).")
+    head("tfdist_server_reports_refused_total", "counter", "Activity reports refused (bad body or token).")
+    out.append(f"tfdist_server_reports_refused_total {state.refused_total}")
+    head("tfdist_server_check_seconds_total", "counter", "Time spent on reports (seconds).")
     out.append(f"tfdist_server_check_seconds_total {state.check_seconds_total:.6f}")
     return "\n".join(out) + "\n"

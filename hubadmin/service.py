@@ -1,9 +1,10 @@
-"""The GPU admin service: one loop that reads every running server's GPU activity, culls idle GPU servers,
-and keeps what the admin page and the metrics show.
+"""The GPU admin service's state: the hub's running servers, the activity each one reported, culling.
 
-Why one loop: the page, the metrics and the culler need the same facts (who holds which GPUs, how busy);
-fetching them once per round keeps the cost per server one small HTTP request per check, whoever is
-looking. Requests to servers carry the service's own token (scopes: see `hubconfig.SERVICE_SCOPES`).
+Why servers push (and the service never calls them): a user's server is code its user controls, so no
+credential may be sent to it. Each server reports with its own token (`identity.server_of` says which
+server that token is for), the report is checked (`report.parse_report`), and the answer carries the
+culler's notice back. The service's own token (scopes: `hubconfig.SERVICE_SCOPES`) is used on the hub's
+API only. A server without a recent report has "no data" and is never culled.
 """
 
 from __future__ import annotations
@@ -21,13 +22,22 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .config import CullingConfig, CullingRule
 from .culler import Decision, decide, warning_text
+from .identity import IdentityCache, ServerId
+from .report import ActivityReport, GpuRecord, JobRecord, NoticeRecord, ReportReply
 
-__all__ = ["GpuAdminState", "ServerRecord"]
+__all__ = ["GpuAdminState", "ServerRecord", "UnknownServer"]
 
 log = logging.getLogger("tfdist.hubadmin")
 
 HISTORY_S = 3600.0  # the admin page's sparklines
 SPARK_POINTS = 60
+LIVE_REPORT_S = 2.0  # while an admin looks at the page, servers are asked to report this often
+LIVE_FOR_S = 60.0  # ... for this long after the page's last poll
+DEFAULT_BUSY = 5.0  # threshold of servers without a culling rule (the page's busy/idle totals)
+
+
+class UnknownServer(LookupError):
+    """A report from a server the hub does not list as running (not ready yet, or stopped)."""
 
 
 @dataclass
@@ -37,25 +47,44 @@ class ServerRecord:
     profile: str | None
     gpu_model: str | None
     url: str  # path on the proxy, e.g. /user/alice/
-    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[GpuRecord] = field(default_factory=list)
     history: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4000))
     points: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4000))
     idle_s: float | None = None
-    jobs_running: list[dict[str, Any]] = field(default_factory=list)
+    jobs_running: list[JobRecord] = field(default_factory=list)
     decision: Decision | None = None
     warned_cull_at: float | None = None
-    error: str | None = None
-    seen: float = 0.0
+    notice: NoticeRecord | None = None  # what the server's next report is answered with
+    refused: str | None = None  # why its last report was refused
+    seen: float = 0.0  # when its last report was accepted (0: never)
+    asked_s: float = 30.0  # the report interval it was last asked for
+    last_cull_check: float = 0.0
 
     @property
     def key(self) -> str:
         return f"{self.user}/{self.name}"
 
-    def last_utils(self) -> list[float | None]:
-        return list(self.history[-1][1]) if self.history else [None] * len(self.gpus)
+    def fresh(self, now: float) -> bool:
+        """A report recent enough to act on: three missed reports (and some slack) make it stale."""
+        return self.seen > 0 and now - self.seen <= 3 * self.asked_s + 15
 
-    def last_mem(self) -> list[float | None]:
-        return list(self.history[-1][2]) if self.history else [None] * len(self.gpus)
+    def no_data_reason(self, now: float) -> str | None:
+        if self.fresh(now):
+            return self.refused and f"last report refused: {self.refused}"
+        why = "never reported" if not self.seen else f"no report for {now - self.seen:.0f} s"
+        if self.refused:
+            why += f"; last report refused: {self.refused}"
+        return f"no data ({why}); not culled"
+
+    def last_utils(self, now: float) -> list[float | None]:
+        if not self.history or not self.fresh(now):
+            return [None] * len(self.gpus)
+        return list(self.history[-1][1])
+
+    def last_mem(self, now: float) -> list[float | None]:
+        if not self.history or not self.fresh(now):
+            return [None] * len(self.gpus)
+        return list(self.history[-1][2])
 
     def add(self, t: float, utils: list[float | None], mems: list[float | None]) -> None:
         """One sample; the sparkline's point (max utilization, summed memory) is made here, once."""
@@ -76,49 +105,62 @@ class ServerRecord:
             "mem": [None if p[2] is None else round(p[2]) for p in pts],
         }
 
+    def take(self, rep: ActivityReport, threshold: float, now: float) -> None:
+        """An accepted report. Its idle time counts only when measured against this server's threshold."""
+        self.gpus = list(rep.gpus)
+        self.idle_s = rep.idle_s if rep.busy_percent == threshold else None
+        self.jobs_running = list(rep.jobs_running)
+        last_t = self.history[-1][0] if self.history else None
+        for s in sorted(rep.samples, key=lambda s: s.t):
+            if last_t is None or s.t > last_t:
+                self.add(s.t, list(s.util), list(s.mem))
+                last_t = s.t
+        self.seen = now
+        self.refused = None
+
 
 class GpuAdminState:
-    """Everything the service knows; `refresh()` is one round over the hub's running servers."""
+    """Everything the service knows; `refresh()` reads the hub's running servers, `accept()` a report."""
 
     def __init__(
         self,
         *,
         api_url: str,
         api_token: str,
-        public_url: str,
         culling: CullingConfig | None,
         profile_models: dict[str, str] | None = None,
         machine_gpus: list[str] | None = None,
-        concurrency: int = 16,
+        period: float = 30.0,
     ) -> None:
         self.api_url = api_url.rstrip("/")
         self.token = api_token
-        self.public_url = public_url.rstrip("/")
         self.culling = culling
+        self.period = period  # how often servers report (and the hub's server list is read)
         self.model_names = profile_models or {}  # gpu model key -> display name
         # embedded hub: the NVML names of this machine's GPUs (free = these - held); None on Kubernetes
         self.machine_gpus = machine_gpus
         self.servers: dict[str, ServerRecord] = {}
         self.last_refresh = 0.0
-        self.last_cull_check = 0.0
+        self.last_viewed = 0.0  # an admin's page polled (servers are asked to report faster for a while)
         self.refresh_seconds = 0.0  # wall time of the last round
         self.culled_total = 0
         self.warned_total = 0
         self.check_seconds_total = 0.0
-        self.checks_total = 0
-        self._sem = asyncio.Semaphore(concurrency)
+        self.checks_total = 0  # reports accepted
+        self.refused_total = 0  # reports refused (bad body, or a token of no running server)
         self._round: asyncio.Future | None = None
         self.http = AsyncHTTPClient()
+        self.identities = IdentityCache(self.whoami)
 
-    # ---- HTTP -------------------------------------------------------------------------------------
+    # ---- HTTP (the hub's API only) ----------------------------------------------------------------
 
-    async def _request(self, url: str, method: str = "GET", body: Any = None, timeout: float = 10) -> Any:
+    async def _request(self, url: str, token: str, method: str = "GET", body: Any = None) -> Any:
         req = HTTPRequest(
             url,
             method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
             body=None if body is None and method in ("GET", "DELETE") else json.dumps(body or {}),
-            request_timeout=timeout,
+            request_timeout=10,
             follow_redirects=False,
             allow_nonstandard_methods=True,
         )
@@ -126,18 +168,29 @@ class GpuAdminState:
         return json.loads(resp.body) if resp.body else None
 
     async def hub(self, path: str, method: str = "GET", body: Any = None) -> Any:
-        return await self._request(f"{self.api_url}{path}", method, body)
+        return await self._request(f"{self.api_url}{path}", self.token, method, body)
 
-    async def server_api(self, rec: ServerRecord, path: str, method: str = "GET", body: Any = None) -> Any:
-        return await self._request(f"{self.public_url}{rec.url}tfdist/api/{path}", method, body)
+    async def whoami(self, token: str) -> Any:
+        """The hub's model of `token`'s owner, with the token's scopes; None when the hub refuses it."""
+        try:
+            return await self._request(f"{self.api_url}/user", token)
+        except HTTPClientError as e:
+            if e.code in (401, 403, 404):
+                return None
+            raise
 
-    # ---- one round --------------------------------------------------------------------------------
+    # ---- the hub's servers ------------------------------------------------------------------------
 
     def rule_for(self, rec: ServerRecord) -> CullingRule | None:
         return self.culling.rule(rec.profile) if self.culling else None
 
+    def threshold(self, rec: ServerRecord) -> float:
+        rule = self.rule_for(rec)
+        return rule.idle_below_percent if rule else DEFAULT_BUSY
+
     async def refresh(self, max_age: float = 0.0) -> None:
-        """One round, or wait for the one in flight; nothing when the last ended under `max_age` ago."""
+        """Read the hub's servers, or wait for the read in flight; nothing when the last is under `max_age`
+        old."""
         if max_age and time.time() - self.last_refresh < max_age:
             return
         if self._round is None or self._round.done():
@@ -165,81 +218,87 @@ class GpuAdminState:
                         profile=opts.get("profile"),
                         gpu_model=opts.get("gpu_model"),
                         url=s.get("url") or f"/user/{quote(u['name'])}/{quote(sname)}/",
+                        asked_s=self.period,
                     )
         for key in list(self.servers):
             if key not in seen:
                 del self.servers[key]
         now = time.time()
-        cull_due = self.culling is not None and now - self.last_cull_check >= self.culling.check_interval_s
-        await asyncio.gather(*(self._one(rec, cull_due) for rec in list(self.servers.values())))
-        if cull_due:
-            self.last_cull_check = now
+        for rec in self.servers.values():
+            if not rec.fresh(now):
+                rec.decision = Decision("no-data")  # never culled on what is not known
         self.refresh_seconds = time.perf_counter() - t0
         self.last_refresh = time.time()
 
-    async def _one(self, rec: ServerRecord, cull_due: bool) -> None:
-        async with self._sem:
-            t0 = time.perf_counter()
-            rule = self.rule_for(rec)
-            busy = rule.idle_below_percent if rule else 5.0
-            last_t = rec.history[-1][0] if rec.history else None
-            history = HISTORY_S if last_t is None else max(1.0, min(HISTORY_S, time.time() - last_t + 1))
-            try:
-                rep = await self.server_api(rec, f"activity?busy_percent={busy:g}&history={history:g}")
-            except (HTTPClientError, OSError, ValueError) as e:
-                rec.error = str(e)
-                log.warning("tfdist gpu admin: cannot read %s's activity: %s", rec.key, e)
-                return
-            rec.error = None
-            rec.seen = time.time()
-            rec.gpus = rep.get("gpus") or []
-            rec.idle_s = rep.get("idle_s")
-            rec.jobs_running = rep.get("jobs_running") or []
-            for t, u, m in rep.get("samples") or []:
-                if last_t is None or t > last_t:
-                    rec.add(t, u, m)
-            if cull_due:
-                await self._cull_step(rec, rule, rep)
-            self.check_seconds_total += time.perf_counter() - t0
-            self.checks_total += 1
+    # ---- reports ----------------------------------------------------------------------------------
 
-    async def _cull_step(self, rec: ServerRecord, rule: CullingRule | None, rep: dict[str, Any]) -> None:
+    def report_interval(self) -> float:
+        live = time.time() - self.last_viewed < LIVE_FOR_S
+        return min(self.period, LIVE_REPORT_S) if live else self.period
+
+    async def record_for(self, sid: ServerId) -> ServerRecord:
+        rec = self.servers.get(sid.key)
+        if rec is None:  # started since the last read of the hub's servers
+            await self.refresh(max_age=2.0)
+            rec = self.servers.get(sid.key)
+        if rec is None:
+            raise UnknownServer(f"the hub has no running server {sid.key!r}")
+        return rec
+
+    def refuse(self, sid: ServerId | None, why: str) -> None:
+        self.refused_total += 1
+        rec = self.servers.get(sid.key) if sid else None
+        if rec is not None:
+            rec.refused = why
+
+    async def accept(self, rec: ServerRecord, rep: ActivityReport) -> ReportReply:
+        """Take `rec`'s report, run its culling check when one is due, and say what the server is told."""
+        t0 = time.perf_counter()
         now = time.time()
-        d = decide(rule, rep, rec.warned_cull_at, now)
+        threshold = self.threshold(rec)
+        rec.take(rep, threshold, now)
+        rec.asked_s = self.report_interval()
+        if self.culling is not None and now - rec.last_cull_check >= self.culling.check_interval_s:
+            rec.last_cull_check = now
+            await self._cull_step(rec, self.rule_for(rec), now)
+        elif rec.decision is not None and rec.decision.action == "no-data":
+            rec.decision = None
+        self.checks_total += 1
+        self.check_seconds_total += time.perf_counter() - t0
+        return ReportReply(notice=rec.notice, next_report_s=rec.asked_s, busy_percent=threshold)
+
+    async def _cull_step(self, rec: ServerRecord, rule: CullingRule | None, now: float) -> None:
+        facts = {
+            "gpus": rec.gpus,
+            "idle_s": rec.idle_s,
+            "jobs_running": rec.jobs_running,
+        }
+        d = decide(rule, facts, rec.warned_cull_at, now)
         rec.decision = d
         if d.action in ("active", "job-running") and rec.warned_cull_at is not None:
             rec.warned_cull_at = None
-            await self._quiet(self.server_api(rec, "notice", "DELETE"), rec)
+            rec.notice = None
             log.info("tfdist gpu admin: %s is in use again (%s); warning withdrawn", rec.key, d.action)
         elif d.action == "warn" and rule is not None:
             assert d.cull_at is not None
             rec.warned_cull_at = d.cull_at
             self.warned_total += 1
-            text = warning_text(rule, d.cull_at - now)
-            await self._quiet(
-                self.server_api(rec, "notice", "POST", {"message": text, "cull_at": d.cull_at}), rec
-            )
+            rec.notice = NoticeRecord(message=warning_text(rule, d.cull_at - now), cull_at=d.cull_at)
             log.info(
                 "tfdist gpu admin: warned %s (GPUs idle %.0f s); stop at %.0f", rec.key, d.idle_s, d.cull_at
             )
         elif d.action == "cull":
             log.warning("tfdist gpu admin: stopping %s: GPUs idle for %.0f s", rec.key, d.idle_s or 0)
             path = (
-                f"/users/{quote(rec.user)}/servers/{quote(rec.name)}"
+                f"/users/{quote(rec.user, safe='')}/servers/{quote(rec.name, safe='')}"
                 if rec.name
-                else f"/users/{quote(rec.user)}/server"
+                else f"/users/{quote(rec.user, safe='')}/server"
             )
             try:
                 await self.hub(path, "DELETE")
                 self.culled_total += 1
             except (HTTPClientError, OSError) as e:
                 log.error("tfdist gpu admin: could not stop %s: %s", rec.key, e)
-
-    async def _quiet(self, aw: Any, rec: ServerRecord) -> None:
-        try:
-            await aw
-        except (HTTPClientError, OSError, ValueError) as e:
-            log.warning("tfdist gpu admin: notice to %s failed: %s", rec.key, e)
 
     async def run_forever(self, period: float) -> None:
         while True:
@@ -252,8 +311,8 @@ class GpuAdminState:
     # ---- views ------------------------------------------------------------------------------------
 
     def view_json(self) -> str:
-        """`view()` as JSON, built once per round and at most once a second, however many admins look."""
-        key = self.last_refresh
+        """`view()` as JSON, built at most once a second, however many admins look."""
+        key = (self.last_refresh, self.checks_total, self.refused_total)
         cached = getattr(self, "_view_cache", None)
         if cached and cached[0] == key and time.monotonic() - cached[1] < 1.0:
             return cached[2]
@@ -267,33 +326,29 @@ class GpuAdminState:
         rows = []
         totals: dict[str, dict[str, Any]] = {}
         for rec in sorted(self.servers.values(), key=lambda r: (r.user, r.name)):
-            utils = rec.last_utils()
-            rule = self.rule_for(rec)
-            thr = rule.idle_below_percent if rule else 5.0
+            utils = rec.last_utils(now)
+            thr = self.threshold(rec)
             for g, u in zip(rec.gpus, utils + [None] * (len(rec.gpus) - len(utils)), strict=False):
-                t = totals.setdefault(
-                    g.get("name") or "?", {"model": g.get("name") or "?", "held": 0, "busy": 0}
-                )
+                name = g.name or "?"
+                t = totals.setdefault(name, {"model": name, "held": 0, "busy": 0})
                 t["held"] += 1
                 if u is not None and u >= thr:
                     t["busy"] += 1
+            fresh = rec.fresh(now)
             rows.append(
                 {
                     "user": rec.user,
                     "server": rec.name,
                     "profile": rec.profile,
                     "gpu_model": self.model_names.get(rec.gpu_model or "", rec.gpu_model),
-                    "gpus": [
-                        {"index": g.get("index"), "name": g.get("name"), "uuid": g.get("uuid")}
-                        for g in rec.gpus
-                    ],
+                    "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid} for g in rec.gpus],
                     "util": utils,
-                    "mem_mib": rec.last_mem(),
-                    "idle_s": rec.idle_s,
-                    "jobs": rec.jobs_running,
-                    "action": rec.decision.action if rec.decision else None,
+                    "mem_mib": rec.last_mem(now),
+                    "idle_s": rec.idle_s if fresh else None,
+                    "jobs": [j.model_dump() for j in rec.jobs_running] if fresh else [],
+                    "action": (rec.decision.action if rec.decision else None) if fresh else "no-data",
                     "cull_at": rec.warned_cull_at,
-                    "error": rec.error,
+                    "error": rec.no_data_reason(now),
                     "spark": rec.spark(now),
                 }
             )

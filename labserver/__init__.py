@@ -24,4 +24,11 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     serverapp.log.info("tfdist: jobs panel routes mounted under %s", "tfdist/api/")
 
 
+async def _start_jupyter_server_extension(serverapp: Any) -> None:
+    """With the event loop running: push GPU activity to the hub's GPU admin service (labserver.reporter)."""
+    from .activity import start_reporting
+
+    start_reporting(serverapp.web_app)
+
+
 load_jupyter_server_extension = _load_jupyter_server_extension  # the pre-2.0 name

@@ -2,22 +2,26 @@
 
 Why apart from `sampler.py`: that sampler runs only while a tab polls (an idle server costs nothing), but
 the culler must see a server's GPUs whether or not a tab is open, and the admin page shows an hour. This
-tracker samples the server's GPUs every `TFDIST_GPU_ACTIVITY_INTERVAL` seconds (default 10) from the first
-hub request on, keeps up to `RETENTION_S`, and answers "idle for how long below X %" server-side, so the
-hub fetches one number per check instead of the history. A server without GPUs samples nothing.
+tracker samples the server's GPUs every `TFDIST_GPU_ACTIVITY_INTERVAL` seconds (default 10) from the
+server's start on, keeps up to `RETENTION_S`, and answers "idle for how long below X %" server-side, so a
+report carries one number instead of the history. A server without GPUs samples nothing. `reporter.py`
+pushes the report to the hub's GPU admin service; nothing of the hub calls this server.
 
-Routes (under ``{base_url}/tfdist/api/``, authenticated like every route; the hub service reaches them with
-its token and the ``access:servers`` scope):
+Routes (under ``{base_url}/tfdist/api/``, authenticated like every route, for the server's own user):
 
-* ``GET activity?busy_percent=P&history=S`` -> GPUs, ``idle_s`` (time since any GPU was at or above P %,
-  counted from when tracking began), the last S seconds of samples, and the running ``%%tfdist`` jobs.
-* ``GET notice`` / ``POST notice`` ``{"message", "cull_at"}`` / ``DELETE notice``: the warning the lab shows.
+* ``GET activity?busy_percent=P&history=S`` -> the report as it would be pushed: GPUs, ``idle_s`` (time
+  since any GPU was at or above P %, counted from when tracking began), the last S seconds of samples, and
+  the running ``%%tfdist`` jobs, plus the current notice.
+* ``GET notice``: the culler's warning the lab shows (set from the service's answer to a report);
+  ``POST notice`` ``{"message", "cull_at"}`` / ``DELETE notice`` set and clear it by hand (the lab's tests).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
+import math
 import os
 import time
 from typing import Any
@@ -28,6 +32,7 @@ from jupyter_server.utils import url_path_join
 from tornado.ioloop import PeriodicCallback
 
 from ..gpus import GpuInfo, visible_gpus
+from ..hubadmin.report import MAX_GPUS, MAX_JOBS
 from ..jobview import TERMINAL
 from ..sampler import GpuReader
 
@@ -108,10 +113,12 @@ class GpuActivity:
         if utils:
             self.job_samples.append((time.time() if now is None else now, max(utils)))
 
-    def report(self, busy_percent: float | None, history_s: float) -> dict[str, Any]:
+    def report(self, busy_percent: float | None, after: float, max_samples: int = 1000) -> dict[str, Any]:
+        """GPUs, idle time below `busy_percent` and the samples taken after time `after` (the newest
+        `max_samples`): the fields of `tfdist.hubadmin.report.ActivityReport` this tracker knows."""
         self.ensure_running()
         now = time.time()
-        cut = now - history_s
+        samples = [s for s in self.samples if s[0] > after][-max_samples:] if max_samples > 0 else []
         return {
             "now": now,
             "since": self.since,
@@ -120,8 +127,9 @@ class GpuActivity:
                 {"index": g.index, "name": g.name, "uuid": g.uuid, "memory_total_mib": g.memory_total_mib}
                 for g in self.gpus()
             ],
+            "busy_percent": busy_percent,
             "idle_s": self.idle_s(busy_percent, now) if busy_percent is not None else None,
-            "samples": [[t, u, m] for t, u, m in self.samples if t >= cut] if history_s > 0 else [],
+            "samples": [{"t": t, "util": u, "mem": m} for t, u, m in samples],
         }
 
     def stop(self) -> None:
@@ -131,10 +139,18 @@ class GpuActivity:
 
 
 class Notice:
-    """The hub's latest warning to this server's user (one at a time; DELETE clears it)."""
+    """The hub's latest warning to this server's user (one at a time; None: no warning)."""
 
     def __init__(self) -> None:
         self.value: dict[str, Any] | None = None
+
+    def set(self, message: str | None, cull_at: float | None) -> None:
+        """The service's notice from its answer; the same notice again keeps its time (the lab shows a
+        notice once per `posted`)."""
+        if message is None:
+            self.value = None
+        elif not self.value or (self.value["message"], self.value["cull_at"]) != (message, cull_at):
+            self.value = {"message": message, "cull_at": cull_at, "posted": time.time()}
 
 
 def _number(raw: str | None, name: str, default: float | None, low: float, high: float) -> float | None:
@@ -163,27 +179,43 @@ class _Base(APIHandler):
         self.finish(json.dumps(data, default=str))
 
 
+async def current_report(
+    web_settings: dict[str, Any], busy_percent: float | None, after: float, log: Any
+) -> dict[str, Any]:
+    """This server's report: the tracker's part and the user's running ``%%tfdist`` jobs (whose GPUs count
+    as this server's GPU use)."""
+    activity: GpuActivity = web_settings["tfdist_activity"]
+    running, jobs_error = [], None
+    try:
+        jobs = await web_settings["tfdist"].list_jobs()
+    except Exception as e:  # a broken backend must not make the server look idle-and-jobless silently
+        log.warning("tfdist activity: cannot list jobs: %s", e)
+        jobs_error, jobs = str(e)[:1000], []
+    me = web_settings["tfdist"].settings.user
+    for j in jobs[:MAX_JOBS]:
+        if j.get("state") not in TERMINAL and (j.get("user") or "") == me:
+            util = [
+                min(100.0, max(0.0, float(u)))
+                for u in j.get("gpu_util") or []
+                if isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u)
+            ][:MAX_GPUS]
+            running.append(
+                {"name": str(j.get("name"))[:200], "state": str(j.get("state"))[:40], "gpu_util": util}
+            )
+    activity.note_jobs([u for j in running for u in j["gpu_util"]])
+    out = activity.report(busy_percent, after)
+    out["jobs_error"] = jobs_error
+    out["jobs_running"] = running
+    return out
+
+
 class ActivityHandler(_Base):
     @tornado.web.authenticated
     async def get(self) -> None:
         busy = _number(self.get_argument("busy_percent", None), "busy_percent", None, 0, 100)
-        history = _number(self.get_argument("history", None), "history", 0.0, 0, RETENTION_S)
-        running, jobs_error = [], None
-        try:
-            jobs = await self.settings["tfdist"].list_jobs()
-        except Exception as e:  # a broken backend must not make the server look idle-and-jobless silently
-            self.log.warning("tfdist activity: cannot list jobs: %s", e)
-            jobs_error, jobs = str(e), []
-        me = self.settings["tfdist"].settings.user
-        for j in jobs:
-            if j.get("state") not in TERMINAL and (j.get("user") or "") == me:
-                util = [float(u) for u in j.get("gpu_util") or [] if isinstance(u, (int, float))]
-                running.append({"name": j.get("name"), "state": j.get("state"), "gpu_util": util})
-        self.activity.note_jobs([u for j in running for u in j["gpu_util"]])
-        out = self.activity.report(busy, history or 0.0)
-        if jobs_error is not None:
-            out["jobs_error"] = jobs_error
-        out["jobs_running"] = running
+        history = _number(self.get_argument("history", None), "history", 0.0, 0, RETENTION_S) or 0.0
+        after = time.time() - history if history > 0 else float("inf")
+        out = await current_report(self.settings, busy, after, self.log)
         out["notice"] = self.notice.value
         self.write_json(out)
 
@@ -216,9 +248,20 @@ class NoticeHandler(_Base):
 
 
 def setup_activity_handlers(web_app: Any, base: str) -> None:
+    """The routes; the reporter (`reporter.py`) is started with the event loop (`start_reporting`)."""
     web_app.settings["tfdist_activity"] = GpuActivity()
     web_app.settings["tfdist_notice"] = Notice()
     web_app.add_handlers(
         ".*$",
         [(url_path_join(base, "activity"), ActivityHandler), (url_path_join(base, "notice"), NoticeHandler)],
     )
+
+
+def start_reporting(web_app: Any) -> None:
+    """Start pushing reports when the spawner said where (TFDIST_GPU_ADMIN_URL); needs a running loop."""
+    from .reporter import reporter_from_env
+
+    rep = reporter_from_env(web_app.settings)
+    if rep is not None:
+        web_app.settings["tfdist_reporter"] = rep
+        web_app.settings["tfdist_reporter_task"] = asyncio.ensure_future(rep.run())

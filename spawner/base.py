@@ -56,6 +56,13 @@ class GpuFormMixin(LoggingConfigurable):
         tfdist.spawner.profiles.load_profiles_or_exit so a broken file stops the hub at start.""",
     )
 
+    gpu_admin_report_url = Unicode(
+        "",
+        config=True,
+        help="""Where each server pushes its GPU activity (TFDIST_GPU_ADMIN_URL in its environment): the
+        GPU admin service's report route. Set by tfdist.hubadmin.hubconfig.enable_gpu_admin; empty: none.""",
+    )
+
     #: where this spawner's GPUs are, as the form and its messages name it
     tfdist_place = "This machine"
 
@@ -76,6 +83,13 @@ class GpuFormMixin(LoggingConfigurable):
         raise NotImplementedError
 
     # ---- shared plumbing ------------------------------------------------------------------------------
+
+    def get_env(self) -> dict[str, Any]:
+        """The server reports to the GPU admin service with its own token; this says where."""
+        env: dict[str, Any] = super().get_env()  # type: ignore[misc]
+        if self.gpu_admin_report_url:
+            env["TFDIST_GPU_ADMIN_URL"] = self.gpu_admin_report_url
+        return env
 
     def tfdist_profiles(self) -> ProfilesConfig:
         if not self.profiles_file:

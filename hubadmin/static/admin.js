@@ -89,7 +89,7 @@ function render(data) {
       cls = 'warn';
     }
     if (s.error) {
-      cull = 'unreachable: ' + s.error;
+      cull = s.error; // "no data (never reported); not culled", "last report refused: ..."
       cls = 'err';
     }
     cell(tr, cull, cls);
