@@ -10,7 +10,8 @@ request or node selector never sticks to the next (kubespawner#546, #691). The e
 
 Each user gets their own namespace by default (``enable_user_namespaces``): before every start the spawner
 creates or updates it from the user's profile (tfdist.kube.tenancy: quota, limits, the notebook's service
-account and Role, default-deny ingress, the admission policy's parameters). A namespace shared by several
+account and Role, default-deny ingress, default egress (tfdist.kube.egress), the admission policy's
+parameters). A namespace shared by several
 users is possible only by setting ``enable_user_namespaces = False`` explicitly, and is not a security
 boundary (README, "Isolation between users on Kubernetes").
 
@@ -26,10 +27,10 @@ from typing import Any
 
 from kubespawner import KubeSpawner
 from tornado import web
-from traitlets import Bool, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, default, validate
 
 from tfdist import settings
-from tfdist.kube import tenancy
+from tfdist.kube import egress, tenancy
 from tfdist.kube.apply import prepare_user_namespace
 from tfdist.kube.manifests import notebook_pod_labels
 
@@ -102,6 +103,49 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         see GPUs it never requested.""",
     )
 
+    egress_api_server = List(
+        Unicode(),
+        config=True,
+        help="""The Kubernetes API server as pods of user namespaces reach it, ADDRESS:PORT each: the
+        endpoints of the `kubernetes` Service (`kubectl get endpointslices -n default -l
+        kubernetes.io/service-name=kubernetes`), which kube-proxy rewrites its ClusterIP to before a
+        NetworkPolicy sees the packet. Default: the hub's own API server address when its kubeconfig names
+        an IP address (a hub in a pod sees only the ClusterIP: set this there, or %%tfdist cannot reach the
+        API server).""",
+    )
+    egress_allow = List(
+        Dict(),
+        config=True,
+        help="""Extra egress rules for every user namespace's default egress policy, as NetworkPolicy writes
+        them: {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 443}]}
+        (a package mirror, a data store). Besides these, pods reach only their namespace, DNS, the API
+        server, the hub and the public internet (tfdist.kube.egress).""",
+    )
+    egress_internet = Bool(
+        True,
+        config=True,
+        help="""Pods of user namespaces may connect to public IPv4 addresses (pip install, datasets). False:
+        only their namespace, DNS, the API server, the hub and egress_allow.""",
+    )
+
+    @validate("egress_api_server")
+    def _check_endpoints(self, proposal: Any) -> list[str]:
+        for text in proposal.value:
+            try:
+                egress.Endpoint.parse(text)
+            except ValueError as e:
+                raise TraitError(f"egress_api_server: {e}") from None
+        return proposal.value
+
+    @validate("egress_allow")
+    def _check_egress_rules(self, proposal: Any) -> list[dict[str, Any]]:
+        for rule in proposal.value:
+            try:
+                egress.check_rule(rule)
+            except ValueError as e:
+                raise TraitError(f"egress_allow: {e}") from None
+        return proposal.value
+
     @default("container_security_context")
     def _restricted_container(self) -> dict[str, Any]:
         """What Pod Security `restricted` (the user namespaces' level) requires of every container."""
@@ -135,6 +179,7 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
                 namespace=self.namespace,
                 gpu_quota={m.resource: 0 for m in cfg.gpu_models.values()},
                 pods_quota=1,
+                **self._egress_fields(),
             )
         quota = {m.resource: 0 for m in cfg.gpu_models.values()}
         if profile.max_gpus_per_user is not None:
@@ -174,7 +219,41 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
             runtime_classes=list(self.allowed_runtime_classes),
             namespace_labels=self._expand_all(self.user_namespace_labels),
             namespace_annotations=self._expand_all(self.user_namespace_annotations),
+            **self._egress_fields(),
         )
+
+    def _egress_fields(self) -> dict[str, Any]:
+        """Where the user namespace's pods may connect beyond it (tfdist.kube.egress): the API server, the
+        hub's API (by address where the hub is not in a pod), the GPU admin's report URL if it is an
+        address, the admin's extra rules."""
+        api = [egress.Endpoint.parse(t) for t in self.egress_api_server]
+        if not api:
+            import os
+
+            own = egress.Endpoint.from_url(self._kube_api_url())
+            if own is not None and own.cidr.split("/")[0] != os.environ.get("KUBERNETES_SERVICE_HOST"):
+                api = [own]
+            else:  # a ClusterIP: the policy sees only the endpoints behind it
+                self.log.warning(
+                    "tfdist: egress_api_server is not set: %%tfdist in user namespaces cannot reach the "
+                    "Kubernetes API server (set it to the endpoints of the `kubernetes` Service)"
+                )
+        hub_url = getattr(self.hub, "api_url", "") or ""
+        hub = [e for e in (egress.Endpoint.from_url(u) for u in (hub_url, self.gpu_admin_report_url)) if e]
+        return {
+            "egress_api_server": tuple(api),
+            "egress_hub": tuple(dict.fromkeys(hub)),
+            "hub_port": egress.url_port(hub_url),
+            "egress_allow": tuple(dict(r) for r in self.egress_allow),
+            "egress_internet": self.egress_internet,
+        }
+
+    def _kube_api_url(self) -> str:
+        """The API server URL the hub's own client uses ("" if unknown)."""
+        try:
+            return str(self.api.api_client.configuration.host or "")
+        except AttributeError:
+            return ""
 
     def _hub_namespace(self) -> str:
         import os

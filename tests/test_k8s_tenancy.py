@@ -108,6 +108,7 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "ConfigMap",
         "NetworkPolicy",
         "NetworkPolicy",
+        "NetworkPolicy",
         "ServiceAccount",
         "Role",
         "RoleBinding",
@@ -135,14 +136,15 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "runtimeClasses": "",
     }
     assert objs[4]["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
-    rules = objs[7]["rules"]
+    assert objs[6]["metadata"]["name"] == "tfdist-default-egress"  # tests/test_k8s_egress.py
+    rules = objs[8]["rules"]
     verbs = {(r["apiGroups"][0], res): set(r["verbs"]) for r in rules for res in r["resources"]}
     assert not any("patch" in v or "*" in v or "deletecollection" in v for v in verbs.values())
     assert [k for k, v in verbs.items() if "update" in v] == [("batch", "jobs")]  # the lifeline only
     assert verbs[("", "secrets")] == {"create", "delete"}
     assert verbs[("", "pods")] == {"list", "watch"}  # the Job controller creates the pods
     assert ("", "configmaps") not in verbs and ("rbac.authorization.k8s.io", "roles") not in verbs
-    assert objs[8]["subjects"] == [
+    assert objs[9]["subjects"] == [
         {"kind": "ServiceAccount", "name": "tfdist-notebook", "namespace": "jhub-ann"}
     ]
     # the shared-namespace file carries the same rules

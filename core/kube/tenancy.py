@@ -11,7 +11,9 @@ namespace that holds their notebook pods and their `%%tfdist` jobs, and in it:
 * a LimitRange, so job pods without ``--cpu``/``--memory`` still count against the quota;
 * the notebook's ServiceAccount with a Role of exactly the verbs the Kubernetes backend uses (no patch, no
   get/list of Secrets: it may delete only the job Secrets it names);
-* a default-deny ingress NetworkPolicy (each job's own policy then admits its peers);
+* a default-deny ingress NetworkPolicy (each job's own policy then admits its peers), and a default
+  egress policy: the namespace, DNS, the API server, the hub and the internet, nothing else in private
+  ranges (tfdist.kube.egress);
 * ``tfdist-policy``, the parameters of the cluster's ValidatingAdmissionPolicy
   (hub_config/admission-policy.yaml): which GPU resource, node selector, tolerations and Kueue queue pods
   created by the user's service accounts must carry. The user cannot edit it (no configmaps verb).
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import manifests as mf
+from .egress import DEFAULT_HUB_PORT, Endpoint, default_egress
 
 NOTEBOOK_SA = "tfdist-notebook"
 QUOTA = "tfdist-quota"
@@ -96,6 +99,14 @@ class TenantPolicy:
     ephemeral_quota_bytes: int | None = 100 * 2**30  # requests and limits of local disk
     default_ephemeral_request: str = "256Mi"
     default_ephemeral_limit: str = "4Gi"
+    #: egress (tfdist.kube.egress): the API server's endpoints (kube-proxy's DNAT targets of the
+    #: `kubernetes` Service), the hub's API where it runs outside pods (by address), the hub's API port
+    #: in `hub_namespace`, the admin's extra rules, and the public internet; nothing else off the namespace
+    egress_api_server: tuple[Endpoint, ...] = ()
+    egress_hub: tuple[Endpoint, ...] = ()
+    hub_port: int = DEFAULT_HUB_PORT
+    egress_allow: tuple[dict[str, Any], ...] = ()
+    egress_internet: bool = True
     #: labels and annotations the admin asked for (KubeSpawner's user_namespace_labels/annotations)
     namespace_labels: dict[str, str] = field(default_factory=dict)
     namespace_annotations: dict[str, str] = field(default_factory=dict)
@@ -266,6 +277,7 @@ def tenant_objects(p: TenantPolicy) -> list[dict[str, Any]]:
         policy_params(p),
         default_deny(p),
         *([notebook_ingress(p)] if p.hub_namespace else []),
+        default_egress(p),
         service_account(p),
         role(p),
         role_binding(p),
