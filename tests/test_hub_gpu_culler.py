@@ -2,8 +2,13 @@
 
 The servers' NVML is the named double `tests/doubles/fake_pynvml` (first on their PYTHONPATH), driven by a
 JSON file this test rewrites; everything above NVML is production code: the hub's allocator hands out the
-fake GPUs, each server's activity tracker samples them, the service reads `/tfdist/api/activity` with its
-own token, warns through `/tfdist/api/notice` and stops servers through the hub's REST API.
+fake GPUs, each server's activity tracker samples them and pushes its report to the service with the
+server's own token, the service answers with the culler's notice (the lab shows it from
+`/tfdist/api/notice`) and stops servers through the hub's REST API.
+
+The attacks at the end: a user's server that records every Authorization header it is sent (the service
+used to send its own token, good on every user's server), reports claiming another user's server, malformed
+reports, and a user named like an admin ("boss?").
 """
 
 from __future__ import annotations
@@ -246,3 +251,188 @@ def test_admin_page_shows_servers_live_and_refuses_non_admins(hub: RunningHub, n
             page.screenshot(path=str(ARTIFACTS / "hub-gpu-admin.png"), full_page=True)
         finally:
             browser.close()
+
+
+# ---- attacks --------------------------------------------------------------------------------------------
+
+PAGE = "/services/tfdist-gpu-admin/"
+RECORDER = """
+import json, os
+def _record(handler):
+    # what a user can put in their own jupyter config: every credential any caller sends this server
+    seen = {"path": handler.request.path, "auth": handler.request.headers.get("Authorization"),
+            "token_arg": handler.get_argument("token", None)}
+    with open(os.path.expanduser("~/seen-headers.jsonl"), "a") as f:
+        f.write(json.dumps(seen) + "\\n")
+c.ServerApp.tornado_settings = {"log_function": _record}
+"""
+
+
+def admin_session(hub: RunningHub) -> requests.Session:
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=30)
+    r = s.post(
+        f"{hub.url}/hub/login",
+        data={"username": "boss", "password": ADMIN_PASSWORD, "_xsrf": s.cookies.get("_xsrf", path="/hub/")},
+        timeout=30,
+        allow_redirects=False,
+    )
+    assert r.status_code == 302, r.text[:300]
+    assert s.get(hub.url + PAGE, timeout=30).status_code == 200  # through the service's OAuth
+    return s
+
+
+def service_xsrf(s: requests.Session) -> str:
+    """The service's own xsrf cookie (the hub's has the same name, another path)."""
+    return next((c.value for c in s.cookies if c.name == "_xsrf" and c.path.startswith("/services")), "")
+
+
+def page_rows(s: requests.Session, hub: RunningHub) -> dict[str, dict[str, Any]]:
+    r = s.get(hub.url + PAGE + "api/servers", headers={"X-XSRFToken": service_xsrf(s)}, timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    return {f"{row['user']}/{row['server']}": row for row in r.json()["servers"]}
+
+
+def wait_reporting(s: requests.Session, hub: RunningHub, key: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    row: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        row = page_rows(s, hub).get(key)
+        if row is not None and row["error"] is None:
+            return row
+        time.sleep(0.5)
+    raise AssertionError(f"{key} never reported: {row}\n{hub.log_tail()}")
+
+
+def server_token(hub: RunningHub, user: str) -> str:
+    """The token the hub gave the user's server: the user reads it in their own server's environment."""
+    import psutil
+
+    return psutil.Process(hub.server_pid(user)).environ()["JUPYTERHUB_API_TOKEN"]
+
+
+def report(hub: RunningHub, token: str | None, body: Any) -> requests.Response:
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    headers = {"Authorization": f"token {token}"} if token else {}
+    return requests.post(f"{hub.url}{PAGE}api/report", data=data, headers=headers, timeout=30)
+
+
+def test_a_users_server_never_receives_a_token_good_for_anyone_else(hub: RunningHub) -> None:
+    from tfdist.spawner.local import safe_dirname
+
+    home = hub.state_dir / "users" / safe_dirname("mallory")
+    (home / ".jupyter").mkdir(parents=True, exist_ok=True)
+    (home / ".jupyter" / "jupyter_server_config.py").write_text(RECORDER)
+    spawn(hub, "mallory", CPU)
+    admin = admin_session(hub)
+    wait_reporting(admin, hub, "mallory/")
+    time.sleep(5)  # several more rounds of the service (1 s each here)
+    seen_file = home / "seen-headers.jsonl"
+    assert seen_file.exists(), "the recorder in mallory's own config did not run"
+    seen = [json.loads(line) for line in seen_file.read_text().splitlines()]
+    tokens = {
+        t.split(" ", 1)[-1] for e in seen for t in (e["auth"], e["token_arg"]) if t and t.split(" ", 1)[-1]
+    }
+    own = server_token(hub, "mallory")
+    for token in tokens - {own}:
+        h = {"Authorization": f"token {token}"}
+        for method, url in (
+            ("GET", f"{hub.url}/user/worker/api/status"),  # another user's server
+            ("GET", f"{hub.url}/user/worker/tfdist/api/activity"),
+            ("GET", f"{hub.url}/hub/api/users"),  # the hub's admin endpoints
+            ("GET", f"{hub.url}/hub/api/users/worker"),
+            ("POST", f"{hub.url}/hub/api/users/worker/tokens"),
+            ("GET", f"{hub.url}/hub/api/users/boss/tokens"),
+        ):
+            r = requests.request(method, url, headers=h, timeout=30, allow_redirects=False, json={})
+            assert r.status_code in (302, 401, 403, 404), (
+                method,
+                url,
+                r.status_code,
+                "a captured token works",
+            )
+    # and the server's own token, which it holds anyway, opens nothing of anyone else's either
+    h = {"Authorization": f"token {own}"}
+    assert requests.get(f"{hub.url}/user/worker/api/status", headers=h, timeout=30).status_code in (403, 302)
+    assert requests.get(f"{hub.url}/hub/api/users", headers=h, timeout=30).status_code == 403
+    ident = requests.get(f"{hub.url}/hub/api/user", headers=h, timeout=30).json()
+    # what the service relies on (identity.server_of), as JupyterHub really answers
+    assert ident["kind"] == "user" and ident["name"] == "mallory", ident
+    assert [sc for sc in ident["scopes"] if sc.startswith("access:servers")] == [
+        "access:servers!server=mallory/"
+    ]
+
+
+def test_a_report_claiming_another_users_server_counts_for_the_sender_only(hub: RunningHub) -> None:
+    admin = admin_session(hub)
+    before = wait_reporting(admin, hub, "worker/")
+    own = server_token(hub, "mallory")
+    fake_gpu = {"index": 7, "name": "Fake GPU", "uuid": "GPU-claimed"}
+    claim = {
+        "user": "worker",
+        "server": "",
+        "busy_percent": 10,
+        "idle_s": 0,
+        "gpus": [fake_gpu],
+        "samples": [{"t": time.time(), "util": [99.0], "mem": [1.0]}],
+    }
+    r = report(hub, own, claim)
+    assert r.status_code == 200, r.text
+    rows = page_rows(admin, hub)
+    assert [g["uuid"] for g in rows["mallory/"]["gpus"]] == ["GPU-claimed"]  # attributed to herself
+    assert (
+        [g["uuid"] for g in rows["worker/"]["gpus"]]
+        == [g["uuid"] for g in before["gpus"]]
+        == ["GPU-fake-0001"]
+    )
+    # tokens that are no server's: none, a service's (the tester's, an admin's), made up
+    assert report(hub, None, claim).status_code == 401
+    for token in (hub.token, "x" * 40):
+        r = report(hub, token, claim)
+        assert r.status_code == 403 and "not a server's own token" in r.text, r.text
+    assert [g["uuid"] for g in page_rows(admin, hub)["worker/"]["gpus"]] == ["GPU-fake-0001"]
+
+
+MALFORMED: list[Any] = [
+    b"not json",
+    [1, 2, 3],
+    {"gpus": "all of them"},
+    {"gpus": [{"index": "zero"}]},
+    b'{"idle_s": NaN}',
+    {"idle_s": -1},
+    {"idle_s": "forever"},
+    {"samples": [{"t": 0, "util": [], "mem": []}] * 5000},
+    {"gpus": [{"index": 0}], "samples": [{"t": 1e300, "util": [50], "mem": [1]}]},
+    {"gpus": [{"index": 0}], "samples": [{"t": 1, "util": [-3], "mem": [1]}]},
+    {"jobs_running": [{"name": {"x": 1}, "state": "running"}]},
+    b"{" + b'"x": "' + b"y" * (2 << 20) + b'"}',
+]
+
+
+def test_malformed_reports_are_refused_and_the_page_and_metrics_still_answer(hub: RunningHub) -> None:
+    admin = admin_session(hub)
+    own = server_token(hub, "mallory")
+    for body in MALFORMED:
+        r = report(hub, own, body)
+        assert r.status_code == 400 and len(r.text) < 400, (str(body)[:80], r.status_code, r.text[:400])
+    rows = page_rows(admin, hub)
+    assert rows["worker/"]["util"] and rows["worker/"]["error"] is None
+    assert "last report refused" in (rows["mallory/"]["error"] or ""), rows["mallory/"]
+    text = metrics(hub)
+    assert 'hub_user="worker"' in text and "tfdist_server_reports_refused_total" in text
+    # mallory's own reporter goes on; her next good report clears the refusal
+    wait_reporting(admin, hub, "mallory/")
+
+
+def test_a_user_named_like_an_admin_is_not_one(hub: RunningHub) -> None:
+    tried = []
+    for name in ("boss?", "boss#", "boss/x"):
+        r = hub.api("POST", f"/users/{requests.utils.quote(name, safe='')}")
+        if r.status_code not in (201, 409):
+            continue  # a name the hub itself refuses cannot log in either
+        tried.append(name)
+        s = hub.login(name)
+        assert s.get(hub.url + PAGE, timeout=30).status_code == 403, name
+        r = s.get(hub.url + PAGE + "api/servers", timeout=30)
+        assert r.status_code == 403 and "servers" not in r.text, (name, r.text[:200])
+    assert "boss?" in tried, tried
