@@ -34,6 +34,7 @@ from ..jobview import JobView
 from ..procid import ProcessId
 from ..runtime import events
 from ..runtime.netns import wrapper_command
+from ..runtime.tasklog import tail_lines
 from ..runtime.unixsock import short_path
 from .base import Backend, Launch
 from .pool import PoolKeeper
@@ -68,22 +69,8 @@ def _read_logs(logdir: str, task: str | None, tail: int | None) -> dict[str, str
         t = fn.removesuffix(".log")
         if task is None or t == task:
             path = os.path.join(logdir, fn)
-            out[t] = _tail_lines(path, tail) if tail is not None else Path(path).read_text(errors="replace")
+            out[t] = tail_lines(path, tail) if tail is not None else Path(path).read_text(errors="replace")
     return out
-
-
-def _tail_lines(path: str, lines: int, chunk: int = 64 * 1024) -> str:
-    """The last `lines` lines of a file, reading only its end (a log may be many MB)."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        end = pos = f.tell()
-        data = b""
-        while pos > 0 and data.count(b"\n") <= lines:
-            pos = max(0, pos - chunk)
-            f.seek(pos)
-            data = f.read(end - pos)
-    text = data.decode(errors="replace")
-    return "\n".join(text.splitlines()[-lines:]) + ("\n" if text.endswith("\n") else "")
 
 
 class NoSuchDetachedJob(NoSuchJob):

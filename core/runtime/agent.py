@@ -7,6 +7,10 @@ all-reduce workers GET the payload (they run the cell too). Every call but /heal
 the job's token (a per-job Secret; tfdist.kube.signing: the token itself never travels) and every answer
 is signed back, so the notebook unpickles only what this agent sent; the NetworkPolicy admits only the
 job's pods and the notebook pod to this port.
+
+A request's signature is checked before its body is read (the header declares the body's digest; the body
+is checked against it at the end), so nothing unsigned reaches the disk or memory; a signed request is
+taken once (signing.ReplayCache: a captured one sent again is refused).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from . import events as wire
 CHUNK = 1 << 20
 POLL_WAIT_S = 10.0
 MAX_POST = 64 * 2**20  # a metrics sample of a 66-task job is tens of KiB; the payload is a streamed PUT
+MAX_PUT = 16 * 2**30  # the payload: the notebook's models and in-memory data, streamed to the pod's disk
+LEGACY_POST = 64 * 2**10  # a POST from a sender that declares no digest (an older notebook's /done: "{}")
 
 
 class JobLog:
@@ -98,9 +104,11 @@ class MetricsMerger:
 
 
 class AgentState:
-    def __init__(self, jobdir: str, token: str):
+    def __init__(self, jobdir: str, token: str, max_put: int = MAX_PUT):
         self.jobdir = jobdir
         self.token = token
+        self.max_put = max_put
+        self.seen = signing.ReplayCache()
         self.log = JobLog()
         self.metrics = MetricsMerger(self.log)
         self.payload_ready = threading.Event()
@@ -123,6 +131,15 @@ class _Refused(Exception):
         self.response = response
 
 
+def _refuse(code: int, error: str, nonce: str | None = None, token: str = "", **headers: str) -> _Refused:
+    """A refusal that closes the connection: the body the request came with (if any) is never read. Signed
+    when the request's signature was checked (`nonce`), so its sender can trust what it says."""
+    resp = _reply(code, {"error": error}, nonce, token)
+    resp.headers.update(headers)
+    resp.force_close()
+    return _Refused(resp)
+
+
 def make_app(state: AgentState) -> web.Application:
     """The agent's routes. One catch-all route: a request is authenticated before its path is judged,
     so an unsigned caller learns nothing about which paths exist."""
@@ -135,11 +152,25 @@ def make_app(state: AgentState) -> web.Application:
                 request.method,
                 request.raw_path,
                 body_digest,
+                seen=state.seen,
             )
+        except signing.Replayed as exc:
+            # 503, which every client of this agent (older ones too) answers by signing the request again:
+            # aiohttp itself resends an idempotent request, headers and all, when a kept-alive connection
+            # drops, and that resend must not fail the job
+            raise _refuse(503, f"sign the request again ({exc})", **{"Retry-After": "1"}) from None
         except signing.BadSignature as exc:
-            raise _Refused(
-                _reply(401, {"error": f"a request signed with the job's token is required ({exc})"}, None, "")
-            ) from None
+            raise _refuse(401, f"a request signed with the job's token is required ({exc})") from None
+
+    def authorize_declared(request: web.Request) -> tuple[str, str]:
+        """(nonce, the body's declared digest), checked before the body is read."""
+        try:
+            declared = signing.parse_header(request.headers.get("Authorization", "")).body_digest
+        except signing.BadSignature as exc:
+            raise _refuse(401, f"a request signed with the job's token is required ({exc})") from None
+        if declared is None:
+            raise _refuse(401, "the signature declares no body digest (a notebook older than the job image)")
+        return authorize(request, declared), declared
 
     async def events(request: web.Request, nonce: str) -> web.StreamResponse:
         try:
@@ -168,32 +199,68 @@ def make_app(state: AgentState) -> web.Application:
         return await _send_file(request, os.path.join(state.jobdir, "payload.bin"), nonce, state.token)
 
     async def put(request: web.Request) -> web.StreamResponse:
-        # the body is read (and hashed) to disk before the signature over it can be checked
-        expected = request.content_length or 0
-        tmp = os.path.join(state.jobdir, f"payload.bin.part{id(request)}")
-        h, got = hashlib.sha256(), 0
+        nonce, declared = authorize_declared(request)
+        size = request.content_length
+        if size is None:
+            raise _refuse(411, "a payload needs a Content-Length", nonce, state.token)
+        if size > state.max_put:
+            raise _refuse(413, f"{size} bytes is over the agent's {state.max_put}", nonce, state.token)
+        if request.raw_path != "/payload":
+            await _drain(request)
+            return _reply(404, {"error": "unknown path"}, nonce, state.token)
+        if not state.payload_ready.is_set():
+            got = await receive(request, os.path.join(state.jobdir, "payload.bin"), declared, size)
+            if got != "ok":
+                return _reply(400, {"error": got}, nonce, state.token)
+        else:
+            await _drain(request)
+        ok = state.payload_digest == declared  # this one, or a retried upload of the same payload
+        body = {"ok": True} if ok else {"error": "another payload was received"}
+        return _reply(200 if ok else 409, body, nonce, state.token)
+
+    async def receive(request: web.Request, dest: str, declared: str, size: int) -> str:
+        """Stream a signed body to `dest` ("ok"), or say why not: nothing of it is left on disk."""
+        tmp = f"{dest}.part{id(request)}"
         try:
-            with open(tmp, "wb") as f:
-                async for chunk in request.content.iter_chunked(CHUNK):
-                    await asyncio.to_thread(f.write, chunk)
-                    h.update(chunk)
-                    got += len(chunk)
-            nonce = authorize(request, h.hexdigest())
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        if request.raw_path != "/payload" or state.payload_ready.is_set():
-            os.unlink(tmp)
-            ok = state.payload_digest == h.hexdigest()  # a retried upload of the same payload
-            body = {"ok": True} if ok else {"error": "another payload was received"}
-            return _reply(200 if ok else 409, body, nonce, state.token)
-        if got < expected:
-            os.unlink(tmp)
-            return _reply(400, {"error": "the payload was cut short"}, nonce, state.token)
-        state.payload_digest = h.hexdigest()
-        os.replace(tmp, os.path.join(state.jobdir, "payload.bin"))
-        state.payload_ready.set()
-        return _reply(200, {"ok": True}, nonce, state.token)
+            got, digest = await _stream_to(request, tmp)
+            if got < size:
+                return "the payload was cut short"
+            if digest != declared:
+                return "the body is not the one that was signed"
+            if not state.payload_ready.is_set():  # a concurrent upload may have won meanwhile
+                state.payload_digest = digest
+                os.replace(tmp, dest)
+                state.payload_ready.set()
+            return "ok"
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    async def post(request: web.Request) -> web.StreamResponse:
+        if _declared_digest(request) is not None:
+            nonce, declared = authorize_declared(request)
+            if (request.content_length or 0) > MAX_POST:
+                raise _refuse(413, f"a POST is at most {MAX_POST} bytes", nonce, state.token)
+            body = await request.read()  # at most MAX_POST (client_max_size), and only once signed
+            if signing.digest(body) != declared:
+                return _reply(400, {"error": "the body is not the one that was signed"}, nonce, state.token)
+        else:  # an older sender: its (small) body is read before its signature can be checked
+            if request.content_length is None or request.content_length > LEGACY_POST:
+                raise _refuse(413, f"an unsigned-digest body is at most {LEGACY_POST} bytes")
+            body = await request.read()
+            nonce = authorize(request, signing.digest(body))
+        if request.raw_path == "/metrics":
+            try:  # a job's own pod, but checked: its sample goes into every watcher's view
+                ev = parse(wire.loads(body or b"{}"))
+            except ValueError as exc:  # EventError is one
+                return _reply(400, {"error": f"not a metrics event: {exc}"[:500]}, nonce, state.token)
+            if isinstance(ev, MetricsEvent):
+                state.metrics.add(ev)
+            return _reply(200, {"ok": True}, nonce, state.token)
+        if request.raw_path == "/done":
+            state.delivered.set()
+            return _reply(200, {"ok": True}, nonce, state.token)
+        return _reply(404, {"error": "unknown path"}, nonce, state.token)
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
         try:
@@ -211,20 +278,7 @@ def make_app(state: AgentState) -> web.Application:
             if request.method == "PUT":
                 return await put(request)
             if request.method == "POST":
-                body = await request.read()
-                nonce = authorize(request, signing.digest(body))
-                if request.raw_path == "/metrics":
-                    try:  # a job's own pod, but checked: its sample goes into every watcher's view
-                        ev = parse(wire.loads(body or b"{}"))
-                    except ValueError as exc:  # EventError is one
-                        return _reply(400, {"error": f"not a metrics event: {exc}"[:500]}, nonce, state.token)
-                    if isinstance(ev, MetricsEvent):
-                        state.metrics.add(ev)
-                    return _reply(200, {"ok": True}, nonce, state.token)
-                if request.raw_path == "/done":
-                    state.delivered.set()
-                    return _reply(200, {"ok": True}, nonce, state.token)
-                return _reply(404, {"error": "unknown path"}, nonce, state.token)
+                return await post(request)
             return _reply(405, {"error": f"{request.method} is not served here"}, None, "")
         except _Refused as refused:
             return refused.response
@@ -232,6 +286,30 @@ def make_app(state: AgentState) -> web.Application:
     app = web.Application(client_max_size=MAX_POST)
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app
+
+
+def _declared_digest(request: web.Request) -> str | None:
+    try:
+        return signing.parse_header(request.headers.get("Authorization", "")).body_digest
+    except signing.BadSignature:
+        return None
+
+
+async def _stream_to(request: web.Request, path: str) -> tuple[int, str]:
+    """(bytes, sha256) of the request's body, written to `path` as it comes (hundreds of MB: not in RAM)."""
+    h, got = hashlib.sha256(), 0
+    with open(path, "wb") as f:
+        async for chunk in request.content.iter_chunked(CHUNK):
+            await asyncio.to_thread(f.write, chunk)
+            h.update(chunk)
+            got += len(chunk)
+    return got, h.hexdigest()
+
+
+async def _drain(request: web.Request) -> None:
+    """Read a signed body to nowhere: its sender gets its answer after sending it, as it expects."""
+    async for _ in request.content.iter_chunked(CHUNK):
+        pass
 
 
 async def _send_file(request: web.Request, path: str, nonce: str, token: str) -> web.StreamResponse:

@@ -70,3 +70,40 @@ class RollingLog:
 
     def close(self) -> None:
         self._f.close()
+
+
+def tail_lines(path: str, lines: int, block: int = 64 * 1024, max_bytes: int | None = None) -> str:
+    """The last `lines` lines of a log file (ended by '\\n' or '\\r', as LineSplitter ends them).
+
+    Why: the lab panel asks for a tail of every task's log each second. The file is read backwards a block
+    at a time, each byte once, and at most `max_bytes` of it (by default room for `lines` lines of MAX_LINE
+    characters): a progress bar that only ever writes '\\r', or output with no line end at all, once made
+    every poll re-read the whole file once per block. A line cut by that bound starts with "[...] "."""
+    if max_bytes is None:
+        max_bytes = min((lines + 1) * (4 * MAX_LINE + 2), MAX_FILE)
+    blocks, cut = _read_back(path, lines, block, max_bytes)
+    text = b"".join(reversed(blocks)).decode(errors="replace")
+    pieces = text.splitlines()
+    out = pieces[-lines:] if lines > 0 else []
+    if out and cut and len(pieces) <= lines:  # the first line's head lies before what was read
+        out[0] = "[...] " + out[0]
+    return "\n".join(out) + ("\n" if out and text.endswith(("\n", "\r")) else "")
+
+
+def _read_back(path: str, lines: int, block: int, max_bytes: int) -> tuple[list[bytes], bool]:
+    """(blocks from the end backwards, whether the file goes on before them): until `lines` + 1 line ends
+    or `max_bytes`."""
+    blocks: list[bytes] = []
+    ends = 0
+    with open(path, "rb") as f:
+        pos = end = f.seek(0, os.SEEK_END)
+        while pos > 0 and ends <= lines and end - pos < max_bytes:
+            size = min(block, pos, max_bytes - (end - pos))
+            pos -= size
+            f.seek(pos)
+            chunk = f.read(size)
+            ends += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+            if blocks and chunk.endswith(b"\r") and blocks[-1].startswith(b"\n"):
+                ends -= 1  # one "\r\n" across two blocks
+            blocks.append(chunk)
+    return blocks, pos > 0
