@@ -291,3 +291,38 @@ async def test_the_tail_of_a_log_without_newlines_is_fast_and_bounded(tmp_path: 
     assert len(one) <= 64 * 1024 and one.startswith("[...] xxx"), len(one)
     assert took < 1.0, f"{took:.2f}s for two tails"
     assert tails["chief-0"].splitlines() == [f"step {i}/999999" for i in (699997, 699998, 699999)]
+
+
+# ------------------------------------------------------------------------------------------ compatibility
+def old_client_header(method: str, path: str, body: bytes) -> str:
+    """What the notebook's client of the previous version sends: the same HMAC, no declared digest."""
+    auth, _ = signing.sign_request(TOKEN, method, path, signing.digest(body))
+    head, _, declared = auth.rpartition(",sha256=")
+    assert declared == signing.digest(body)
+    return head
+
+
+def test_an_older_notebooks_requests_still_work_but_its_payload_is_refused_with_a_reason(agent):
+    """Its GETs and its small POST /done are served (that body is read before the signature, at most 64
+    KiB); its PUT cannot be checked before its body is read, so it is refused, saying why."""
+    state, port = agent
+    (Path(state.jobdir) / "result.bin").write_bytes(b"results")
+    auth = old_client_header("GET", "/result", b"")
+    status, _, body = send_raw(
+        port, b"GET /result HTTP/1.1\r\nHost: a\r\nAuthorization: %s\r\n\r\n" % auth.encode()
+    )
+    assert (status, body) == (200, b"results")
+    auth = old_client_header("POST", "/done", b"{}")
+    raw = (
+        b"POST /done HTTP/1.1\r\nHost: a\r\nAuthorization: %s\r\nContent-Length: 2\r\n\r\n{}" % auth.encode()
+    )
+    assert send_raw(port, raw)[0] == 200 and state.delivered.is_set()
+    auth = old_client_header("PUT", "/payload", b"model")
+    raw = (
+        b"PUT /payload HTTP/1.1\r\nHost: a\r\nAuthorization: %s\r\nContent-Length: 5\r\n\r\nmodel"
+        % auth.encode()
+    )
+    status, _, body = send_raw(port, raw)
+    assert (
+        status == 401 and b"older than the job image" in body and files_in(state.jobdir) == {"result.bin": 7}
+    )

@@ -1,7 +1,7 @@
 """The coordinator pod's agent: how a notebook reaches its job on Kubernetes.
 
 A small HTTP server in the coordinator pod (aiohttp, the maintained server the notebook's client already
-uses, on its own loop in a thread). The notebook PUTs the payload (any size: streamed to disk, not a 1 MiB
+uses, on its own loop in a thread). The notebook PUTs the payload (to MAX_PUT, streamed to disk, not a 1 MiB
 ConfigMap), reads the job's events (a long poll), and GETs the results; workers POST their samples, and
 all-reduce workers GET the payload (they run the cell too). Every call but /healthz must be signed with
 the job's token (a per-job Secret; tfdist.kube.signing: the token itself never travels) and every answer
