@@ -125,9 +125,8 @@ async def test_a_captured_result_request_replayed_once_the_result_exists_gets_no
         tap.close()
 
 
-async def test_a_captured_done_and_metrics_post_replayed_change_nothing(agent):
-    """A replayed POST /done would tell the agent the notebook has its results (the pod may then end), and
-    a replayed sample would put stale numbers in every watcher's view."""
+async def test_a_captured_done_post_replayed_changes_nothing(agent):
+    """A replayed POST /done would tell the agent the notebook has its results (the pod may then end)."""
     state, port = agent
     tap = Tap(port)
     url = await tap.start()
