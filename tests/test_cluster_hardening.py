@@ -97,10 +97,10 @@ async def test_a_service_with_external_ips_is_refused_for_users_and_admins(k8s_p
         # an admin (system:masters) too: the plugin refuses every new externalIP, whoever asks
         code, body = _call(plane, plane.token, "POST", services, _service("admin-hijack", ["10.99.0.2"]))
         assert (code, body.get("message")) == (403, f'services "admin-hijack" is forbidden: {DENIED}')
-        # and none can be added to an existing Service later
+        # and none can be added to an existing Service later (the notebook's Role cannot update one at all)
         live = plane.request("GET", f"{services}/plain")
         live["spec"]["externalIPs"] = [realnode.NODE_IP]
-        code, body = _call(plane, eve, "PUT", f"{services}/plain", live)
+        code, body = _call(plane, plane.token, "PUT", f"{services}/plain", live)
         assert (code, body.get("message")) == (403, f'services "plain" is forbidden: {DENIED}'), body
         names = {s["metadata"]["name"] for s in plane.request("GET", services)["items"]}
         assert names == {"plain"}
@@ -114,7 +114,7 @@ async def test_a_service_with_external_ips_is_refused_for_users_and_admins(k8s_p
 # the machine can do against etcd's client port.
 ETCD_PROBE = r"""
 import base64, json, socket, ssl, sys, urllib.request
-port, key, cert, cluster_cert, cluster_key, secret_key = sys.argv[1:7]
+port, key, cluster_cert, cluster_key, secret_key = sys.argv[1:6]
 out = {}
 def attempt(name, fn):
     try:

@@ -102,11 +102,13 @@ def test_a_pod_cannot_send_frames_with_a_forged_source_mac(real_cluster, real_ns
     assert conflist["plugins"][0]["macspoofchk"] is True
     nonce = uuid.uuid4().hex[:8]
     forged = "02:de:ad:be:ef:01"  # a neighbour that does not exist (locally administered)
-    real_cluster.pod(real_ns, "receiver", RECEIVER)
+    # root in the pod (the image's user is 1000): what Pod Security baseline allows and NET_RAW needs
+    as_root = {"securityContext": {"runAsUser": 0}}
+    real_cluster.pod(real_ns, "receiver", RECEIVER, extra=as_root)
     real_cluster.wait_pod(real_ns, "receiver", ("Running",))
     dst = _wait_log(real_cluster, real_ns, "receiver", r"^READY (\S+)$").group(1)
     sender_script = f"import sys; sys.argv[1:] = {[dst, nonce, forged]!r}\n" + SENDER
-    phase, sender_log = real_cluster.run_to_end(real_ns, "sender", sender_script)
+    phase, sender_log = real_cluster.run_to_end(real_ns, "sender", sender_script, extra=as_root)
     assert phase == "Succeeded", sender_log
     sender_mac = re.search(r"^SENT (\S+)$", sender_log, re.M).group(1)
     got = real_cluster.wait_pod(real_ns, "receiver", ("Succeeded", "Failed"), timeout=60)
