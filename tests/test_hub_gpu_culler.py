@@ -86,6 +86,10 @@ enable_gpu_admin(c, profiles=c.TfdistLocalSpawner.profiles_file,
                  local_gpus=True)
 c.JupyterHub.services[-1]["environment"].update(c.Spawner.environment)  # the service counts free GPUs
 c.JupyterHub.load_roles[0]["scopes"].append("access:services")
+# users may open the service (as where the hub's home lists it for everyone): its own admin check must hold
+c.JupyterHub.load_roles.append(
+    {{"name": "user", "scopes": ["self", "access:services!service=tfdist-gpu-admin"]}}
+)
 c.SharedPasswordAuthenticator.admin_password = {ADMIN_PASSWORD!r}
 c.Authenticator.admin_users = {{"boss"}}
 """
