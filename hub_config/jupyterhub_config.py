@@ -6,7 +6,7 @@ the environment so one file serves every deployment:
 
   TFDIST_PROFILES        the profiles YAML (default: profiles.yaml next to this file)
   TFDIST_WORKER_IMAGE    image of %%tfdist worker pods (default: the notebook's own image)
-  TFDIST_NOTEBOOK_SA     service account of notebook pods (RBAC: hub_config/rbac-notebook.yaml)
+  TFDIST_NOTEBOOK_SA     service account of notebook pods (created with its Role in each user namespace)
 
 A broken profiles file stops the hub here with "file: key: reason" lines (exit status 2).
 """

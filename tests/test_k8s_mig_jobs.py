@@ -19,6 +19,7 @@ from tests.test_k8s_tenancy import (  # noqa: F401
     _user_kubeconfig,
     gpu_policy,
     hub,
+    notebook_pod,
 )
 from tfdist.backends.base import Launch
 from tfdist.errors import JobSpecError
@@ -123,6 +124,7 @@ async def test_mig_profile_namespace_admits_its_resource_and_refuses_whole_gpus(
     )
     async with _api_for_token(k8s_plane, _token(k8s_plane, hub, "hub")) as api:
         await prepare_user_namespace(api, policy)
+    notebook_pod(k8s_plane, ns, "ann")  # owns the jobs, as the real notebook pod does
     kubeconfig = _user_kubeconfig(k8s_plane, ns, tmp_path, "ann")
     selector = {"TFDIST_GPU_NODE_SELECTOR": json.dumps(A100)}
     mig = _backend(k8s_plane, kubeconfig, ns, "ann", TFDIST_GPU_RESOURCE=MIG_1G, **selector)

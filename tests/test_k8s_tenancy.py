@@ -330,10 +330,16 @@ async def test_notebook_token_reaches_neither_the_hub_nor_other_users(k8s_plane,
         }
         assert (await status(rbac.create_namespaced_role_binding(ann, rb)))[0] == 403
         # no pods of its own at all (the Job controller creates job pods); a Job whose pod would be
-        # privileged gets no pod either (Pod Security baseline on the namespace)
+        # privileged gets no pod either (Pod Security restricted on the namespace)
         assert (await status(core.create_namespaced_pod(ann, mounting("anything"))))[0] == 403
         priv = {
-            "metadata": {"name": "priv", "labels": {"kueue.x-k8s.io/queue-name": "ml-team"}},
+            "metadata": {
+                "name": "priv",
+                "labels": {"kueue.x-k8s.io/queue-name": "ml-team"},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": NOTEBOOK, "uid": users["notebook_uid"][ann]}
+                ],
+            },
             "spec": {
                 "template": {
                     "spec": {
