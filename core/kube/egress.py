@@ -26,7 +26,8 @@ Everything else in private ranges is refused: the kubelet and other node ports, 
 hub's other ports, other namespaces' pods. Users cannot widen it: policies are additive, and the
 admission policy (hub_config/admission-policy.yaml) refuses any NetworkPolicy of theirs with egress.
 Enforcement is the CNI's (kube-router on the one-machine cluster; Calico, Cilium elsewhere): a cluster
-without a NetworkPolicy implementation enforces nothing.
+without a NetworkPolicy implementation enforces nothing. kube-router also lets every pod reach the
+NodePort range (30000-32767) on its node's own addresses, whatever the policy says.
 """
 
 from __future__ import annotations
