@@ -5,7 +5,7 @@ size of each variable in creation order) and what the admin or a default says ab
 devices per node, network bandwidth). Outputs are predicted steps/s, examples/s and epoch time for one
 worker, N workers with k parameter servers, and all-reduce with N workers, and one recommended run line.
 
-The model (README, "How `%tfdist plan` predicts"):
+The model (docs/users.md, "How `%tfdist plan` predicts"):
 
 * A step of one worker is serial: pull the variables from the PS, compute, push the gradients. So a
   PS step costs t_compute + t_pull + t_push; pull and push each take the busiest link's bytes in that

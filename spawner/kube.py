@@ -13,7 +13,7 @@ creates or updates it from the user's profile (tfdist.kube.tenancy: quota, limit
 account and Role, default-deny ingress, default egress (tfdist.kube.egress), the admission policy's
 parameters). A namespace shared by several
 users is possible only by setting ``enable_user_namespaces = False`` explicitly, and is not a security
-boundary (README, "Isolation between users on Kubernetes").
+boundary (docs/security.md, "Isolation between users").
 
 kubespawner's own ``profile_list`` is not used; `load_user_options` is a no-op because validation and
 application already happened in ``apply_user_options`` (which, unlike kubespawner's, answers bad REST input
@@ -77,7 +77,7 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         help="""Each user in their own namespace (``user_namespace_template``), prepared on every spawn with
         the quota, Role and policies of tfdist.kube.tenancy. Default True (KubeSpawner's default is False).
         False puts every user in ``namespace``, where users can reach each other's jobs and Secrets: only for
-        a team that trusts each other (README, "Isolation between users on Kubernetes").""",
+        a team that trusts each other (docs/security.md, "Isolation between users").""",
     )
     lifeline_grace_seconds = Integer(
         settings.LIFELINE_GRACE_S,

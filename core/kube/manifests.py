@@ -1,6 +1,6 @@
 """Every Kubernetes object of one `%%tfdist` job, as plain dicts. Pure: no API calls.
 
-Kubernetes runs the job, not the kernel (README, "A Kubernetes job"): the coordinator is a batch/v1 Job
+Kubernetes runs the job, not the kernel (docs/kubernetes.md): the coordinator is a batch/v1 Job
 named after the job, the **root**, owned by the notebook pod; the PS and the workers are Indexed Jobs
 (`<job>-ps`, `<job>-worker`: stable hostnames `<job>-worker-<i>` under the headless Service, worker
 restarts by the Job controller through `backoffLimitPerIndex`); the Service, the NetworkPolicy (the TF

@@ -1,6 +1,6 @@
 """An all-reduce job's pods: `python -m tfdist.runtime.podmain allreduce-worker|allreduce-chief`.
 
-Under MultiWorkerMirroredStrategy every replica runs the cell (README, "All-reduce"), so a worker pod is
+Under MultiWorkerMirroredStrategy every replica runs the cell (docs/users.md), so a worker pod is
 not a bare TF server: it fetches the payload from chief-0's agent (a signed GET with the job's token from
 the job's Secret; an answer not signed with it is never run), then runs the coordinator program
 (`tfdist.runtime.coordinator`) as its replica, and posts its CPU and memory to the agent like a PS job's
