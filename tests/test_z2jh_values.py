@@ -427,27 +427,63 @@ def check_no_user_rights_in_hub_namespace(objects: list[dict[str, Any]], noteboo
     return problems
 
 
+def _selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels; matchExpressions unsupported here: never matches) on labels."""
+    if selector is None:
+        return True
+    if selector.get("matchExpressions"):
+        return False
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def admits(
+    rules: list[dict[str, Any]], key: str, own_ns: str, ns: dict[str, str], pod: dict[str, str], port: Any
+) -> bool:
+    """Whether NetworkPolicy rules (`key` "from" or "to") admit a pod (its namespace's labels, its labels)
+    on `port` (a number, or a named port given as "name/number")."""
+    names = {str(x) for x in str(port).split("/")}
+    for rule in rules:
+        ports = {str(p.get("port")) for p in rule.get("ports") or []}
+        if ports and not ports & names:
+            continue
+        if not rule.get(key):
+            return True  # from/to anywhere
+        for peer in rule[key]:
+            if "ipBlock" in peer:
+                continue
+            if "namespaceSelector" in peer:
+                ns_ok = _selects(peer["namespaceSelector"], ns)
+            else:  # a podSelector alone: the policy's own namespace
+                ns_ok = ns.get("kubernetes.io/metadata.name") == own_ns
+            if ns_ok and _selects(peer.get("podSelector"), pod):
+                return True
+    return False
+
+
+def tenant(hub_port: int = 8081):
+    """A user namespace as the spawner makes it (its labels, the notebook ingress and default egress)."""
+    from tfdist.kube import egress, tenancy
+
+    p = tenancy.TenantPolicy(user="alice", namespace=f"{NS}-alice", hub_namespace=NS, hub_port=hub_port)
+    labels = {**tenancy.namespace(p)["metadata"]["labels"], "kubernetes.io/metadata.name": p.namespace}
+    return labels, tenancy.notebook_ingress(p), egress.default_egress(p)
+
+
+def pod_labels(docs: list[dict[str, Any]], name: str) -> dict[str, str]:
+    kind = "StatefulSet" if name == "user-placeholder" else "Deployment"
+    return one(docs, kind, name)["spec"]["template"]["metadata"]["labels"]
+
+
 def check_hub_ingress_from_tenants(docs: list[dict[str, Any]], notebook_labels: dict[str, str]) -> list[str]:
-    """z2jh's hub NetworkPolicy admits notebook pods of the user namespaces to the hub's API port."""
+    """z2jh's hub NetworkPolicy admits notebook pods of the user namespaces (labelled as the spawner labels
+    them) to the hub's API port."""
     pols = find(docs, "NetworkPolicy", "hub")
     if not pols:
         return []  # no policy: nothing refuses them
-    for rule in pols[0]["spec"].get("ingress") or []:
-        ports = [p.get("port") for p in rule.get("ports") or []]
-        if ports and "http" not in ports and 8081 not in ports:
-            continue
-        if not rule.get("from"):
-            return []  # from anywhere
-        for peer in rule["from"]:
-            ns_sel = peer.get("namespaceSelector")
-            if ns_sel is None or ns_sel.get("matchExpressions"):
-                continue  # the hub's own namespace only, addresses, or not only by label
-            ns_ok = all(
-                k == TENANT_LABEL and v == "true" for k, v in (ns_sel.get("matchLabels") or {}).items()
-            )
-            pod_labels = (peer.get("podSelector") or {}).get("matchLabels") or {}
-            if ns_ok and all(notebook_labels.get(k) == v for k, v in pod_labels.items()):
-                return []
+    ns_labels, _, _ = tenant()
+    pod = {**notebook_labels, "component": "singleuser-server"}
+    if admits(pols[0]["spec"].get("ingress") or [], "from", NS, ns_labels, pod, "http/8081"):
+        return []
     return ["the hub's NetworkPolicy refuses notebook pods of the user namespaces (tfdist.io/tenant=true)"]
 
 
@@ -529,6 +565,29 @@ def test_recipe_grants_notebooks_nothing_in_hub_namespace(rendered, recipe_clust
 
 def test_recipe_hub_admits_notebooks_of_user_namespaces(rendered, hub):
     assert check_hub_ingress_from_tenants(rendered, hub["extra_labels"]) == []
+
+
+def test_user_namespace_policies_fit_the_chart(rendered, hub):
+    """The other ends, as the spawner writes them (tfdist.kube.tenancy/egress): a user namespace admits the
+    chart's hub and proxy pods to notebooks, and its pods reach the chart's hub pod on the API port of the
+    URL the notebooks get (the hub container's port)."""
+    port = int(hub["hub_connect_url"].rsplit(":", 1)[1].split("/")[0])
+    _, ingress, egress_policy = tenant(hub_port=port)
+    jhub = {"kubernetes.io/metadata.name": NS}
+    for name in ("hub", "proxy"):
+        assert admits(
+            ingress["spec"]["ingress"], "from", f"{NS}-alice", jhub, pod_labels(rendered, name), 8888
+        )
+    hub_pod = pod_labels(rendered, "hub")
+    assert admits(egress_policy["spec"]["egress"], "to", f"{NS}-alice", jhub, hub_pod, port)
+    assert {"name": "http", "containerPort": port} in [
+        {k: p[k] for k in ("name", "containerPort")} for p in hub_container(rendered)["ports"]
+    ]
+    # and not the chart's other pods
+    for name in ("user-scheduler", "user-placeholder"):
+        assert not admits(
+            egress_policy["spec"]["egress"], "to", f"{NS}-alice", jhub, pod_labels(rendered, name), port
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -677,3 +736,18 @@ def test_mistake_notebooks_run_as_the_hub(helm, tmp_path, recipe_cluster):
 def test_mistake_hub_refuses_user_namespaces(helm, tmp_path, edit, hub):
     docs = render(helm, edited_values(tmp_path, edit))
     assert check_hub_ingress_from_tenants(docs, hub["extra_labels"]) != []
+
+
+def test_recipe_header_is_what_is_tested(helm):
+    """The admin's recipe (values.yaml's header) installs the chart version and arguments rendered here."""
+    header = "\n".join(ln for ln in (REPO / VALUES).read_text().splitlines() if ln.startswith("#"))
+    command = " ".join(header.replace("\\\n#", " ").split())
+    chart_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    assert (
+        f"helm upgrade --install {RELEASE} jupyterhub/jupyterhub --version {chart_version} -n {NS}" in command
+    )
+    assert f"--values {VALUES}" in command
+    assert f"--set-file hub.extraFiles.tfdist-profiles.stringData={PROFILES}" in command
+    for name in ("rbac-hub-tenancy.yaml", "rbac-hub-gpu-view.yaml"):
+        assert f"sed 's/NAMESPACE/{NS}/' hub_config/{name} | kubectl apply -f -" in command
+    assert "kubectl apply -f hub_config/admission-policy.yaml" in command
