@@ -420,7 +420,7 @@ def check_no_user_rights_in_hub_namespace(objects: list[dict[str, Any]], noteboo
                 for res in rule.get("resources") or []
                 for v in rule.get("verbs") or []
             }
-            if NOTEBOOK_VERBS & granted:
+            if NOTEBOOK_VERBS & granted or any("*" in t for t in granted):
                 problems.append(
                     f"Role {r['metadata']['name']} in {NS} carries notebook rules {NOTEBOOK_VERBS & granted}"
                 )
