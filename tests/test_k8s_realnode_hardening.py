@@ -26,8 +26,6 @@ SECCOMP = "print([ln for ln in open('/proc/self/status') if ln.startswith('Secco
 
 
 def test_a_pod_without_a_seccomp_profile_runs_under_the_runtime_default(real_cluster, real_ns):
-    cfg = yaml.safe_load((realnode.STATE / "kubelet-config.yaml").read_text())
-    assert cfg["seccompDefault"] is True
     phase, logs = real_cluster.run_to_end(real_ns, "default-profile", SECCOMP)
     assert phase == "Succeeded", logs
     assert re.search(r"^Seccomp:\s+2$", logs, re.M), logs  # 2 = filter mode
@@ -36,6 +34,8 @@ def test_a_pod_without_a_seccomp_profile_runs_under_the_runtime_default(real_clu
     phase, logs = real_cluster.run_to_end(real_ns, "unconfined", SECCOMP, extra=unconfined)
     assert phase == "Succeeded", logs
     assert re.search(r"^Seccomp:\s+0$", logs, re.M), logs
+    # the setting doing it
+    assert yaml.safe_load((realnode.STATE / "kubelet-config.yaml").read_text())["seccompDefault"] is True
 
 
 ETHERTYPE = 0x88B5  # IEEE 802 local experimental: nothing else on the bridge uses it
@@ -98,8 +98,6 @@ def _wait_log(real_cluster, ns: str, pod: str, pattern: str, timeout: float = 60
 
 
 def test_a_pod_cannot_send_frames_with_a_forged_source_mac(real_cluster, real_ns):
-    conflist = json.loads((realnode.STATE / "cni" / "10-tfdist.conflist").read_text())
-    assert conflist["plugins"][0]["macspoofchk"] is True
     nonce = uuid.uuid4().hex[:8]
     forged = "02:de:ad:be:ef:01"  # a neighbour that does not exist (locally administered)
     # root in the pod (the image's user is 1000): what Pod Security baseline allows and NET_RAW needs
@@ -118,6 +116,8 @@ def test_a_pod_cannot_send_frames_with_a_forged_source_mac(real_cluster, real_ns
     assert f"GOT {sender_mac} GENUINE-{nonce}" in logs, logs
     # ... and not one with the forged source
     assert f"SPOOFED-{nonce}" not in logs and forged not in logs, logs
-    # the rules doing it: the bridge plugin's nftables chains, one per pod interface
+    # the setting and the rules doing it: the bridge plugin's nftables chains, one per pod interface
+    conflist = json.loads((realnode.STATE / "cni" / "10-tfdist.conflist").read_text())
+    assert conflist["plugins"][0]["macspoofchk"] is True
     rules = realnode.run("nft", "list", "table", "bridge", "nat")
     assert "macspoofchk-" in rules and "ether saddr" in rules, rules
