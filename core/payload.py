@@ -10,6 +10,7 @@ as numpy, and everything else (numpy, pandas, notebook functions and classes) wi
 from __future__ import annotations
 
 import builtins
+import io
 import os
 import pickle
 import symtable
@@ -230,6 +231,53 @@ class Results:
     skipped: dict[str, str] = field(default_factory=dict)  # name -> why it did not come back
 
 
+# A value that references a shipped model (a callback after set_model, a History, a closure over `model`)
+# comes back pointing at the notebook's own model object, not a copy: the reference is written as
+# (REF_MODEL, name) and resolved in the kernel. Pickling the coordinator's model instead would ship it as a
+# `.keras` archive that the kernel's Keras registry may not be able to read (the notebook's custom layers).
+REF_MODEL = "tfdist-model"
+REF_OPTIMIZER = "tfdist-model-optimizer"
+
+
+class _ResultPickler(cloudpickle.Pickler):
+    def __init__(self, file: io.BytesIO, models: dict[str, Any]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._refs: dict[int, tuple[str, str]] = {}
+        for name, model in models.items():
+            self._refs[id(model)] = (REF_MODEL, name)
+            opt = getattr(model, "optimizer", None)
+            if opt is not None:
+                self._refs.setdefault(id(opt), (REF_OPTIMIZER, name))
+
+    def persistent_id(self, obj: Any) -> tuple[str, str] | None:
+        return self._refs.get(id(obj))
+
+
+class _ResultUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, namespace: dict[str, Any]) -> None:
+        super().__init__(file)
+        self._ns = namespace
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, name = pid if isinstance(pid, tuple) and len(pid) == 2 else (None, None)
+        model = self._ns.get(name) if isinstance(name, str) else None
+        if kind == REF_MODEL and model is not None:
+            return model
+        if kind == REF_OPTIMIZER and getattr(model, "optimizer", None) is not None:
+            return model.optimizer
+        raise pickle.UnpicklingError(f"it refers to the notebook's {name!r}, which is no longer there")
+
+
+def _dumps_result(value: Any, models: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    _ResultPickler(buf, models).dump(value)
+    return buf.getvalue()
+
+
+def _loads_result(blob: bytes, namespace: dict[str, Any]) -> Any:
+    return _ResultUnpickler(io.BytesIO(blob), namespace).load()
+
+
 def pack_results(namespace: dict[str, Any], binds: list[str], models: dict[str, Any]) -> bytes:
     """Collect what the cell produced: trained weights of shipped models and the names it bound."""
     import numpy as np
@@ -257,25 +305,42 @@ def pack_results(namespace: dict[str, Any], binds: list[str], models: dict[str, 
         elif type(value).__module__ in ("builtins",) and type(value).__name__ == "module":
             continue
         try:
-            res.values[name] = cloudpickle.dumps(value)
+            res.values[name] = _dumps_result(value, models)
         except Exception as exc:
             res.skipped[name] = f"{type(value).__name__} cannot be pickled ({type(exc).__name__})"
     return pickle.dumps(res, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def apply_results(data: bytes, namespace: dict[str, Any]) -> Results:
-    """Write the results into the notebook: weights into the existing model objects, names assigned."""
+    """Write the results into the notebook: weights into the existing model objects, names assigned.
+
+    Never raises for one value: a cell that trained must not end in a traceback after its weights were set.
+    A value that cannot be rebuilt here is left unassigned and named in `skipped` with the reason."""
     res: Results = pickle.loads(data)
-    for name, weights in res.weights.items():
+    for name, weights in list(res.weights.items()):
         model = namespace.get(name)
         if model is not None and hasattr(model, "set_weights"):
-            model.set_weights(weights)
-    for name, blob in res.values.items():
-        value = cloudpickle.loads(blob)
-        if isinstance(value, HistoryRecord):
-            value = _history(value, namespace)
+            try:
+                model.set_weights(weights)
+            except Exception as exc:  # the notebook rebound `name` to another model meanwhile
+                del res.weights[name]
+                res.skipped[name] = f"its trained weights do not fit it any more ({_brief(exc)})"
+    for name, blob in list(res.values.items()):
+        try:
+            value = _loads_result(blob, namespace)
+            if isinstance(value, HistoryRecord):
+                value = _history(value, namespace)
+        except Exception as exc:
+            del res.values[name]
+            res.skipped[name] = f"it could not be rebuilt in the notebook ({_brief(exc)})"
+            continue
         namespace[name] = value
     return res
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 
 def _history(rec: HistoryRecord, namespace: dict[str, Any]) -> Any:
