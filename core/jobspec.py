@@ -6,6 +6,7 @@ Pure data and pure checks; nothing here starts anything, so a bad spec can never
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -107,7 +108,7 @@ def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
         raise JobSpecError(f"--gpus-per-worker cannot be negative (got {spec.gpus_per_worker})")
     if spec.backend not in BACKENDS:
         raise JobSpecError(f"--backend {spec.backend!r} is unknown: choose one of {', '.join(BACKENDS)}")
-    if spec.cpu is not None and not (0 < spec.cpu <= 512):
+    if spec.cpu is not None and not (math.isfinite(spec.cpu) and 0 < spec.cpu <= 512):
         raise JobSpecError(f"--cpu must be a number of cores above 0 (got {spec.cpu})")
     if spec.checkpoint_every is not None and (
         isinstance(spec.checkpoint_every, bool)
@@ -117,8 +118,8 @@ def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
         raise JobSpecError(
             f"--checkpoint-every must be a positive number of steps (got {spec.checkpoint_every!r})"
         )
-    if spec.timeout_s <= 0:
-        raise JobSpecError(f"--timeout must be positive seconds (got {spec.timeout_s})")
+    if not (math.isfinite(spec.timeout_s) and spec.timeout_s > 0):  # nan: a timeout that never fires
+        raise JobSpecError(f"--timeout must be a positive number of seconds (got {spec.timeout_s})")
     if spec.base_port is not None and not (1024 <= spec.base_port <= 65535 - spec.task_count):
         raise JobSpecError(f"--base-port {spec.base_port} is out of range (1024-{65535 - spec.task_count})")
     need = spec.workers * spec.gpus_per_worker

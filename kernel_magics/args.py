@@ -58,7 +58,7 @@ def run_parser(settings: Settings) -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="job name (default: generated)")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds("--timeout"),
         default=600.0,
         help="seconds allowed for start-up: every task up (pods scheduled and running on Kubernetes); "
         "training itself has no time limit (default 600)",

@@ -195,6 +195,12 @@ class TfdistMagics(Magics):
         budget = memfit.server_budget(os.getppid())
         if budget is None:
             return
+        if spec.memory_bytes and spec.memory_bytes > budget.limit:
+            raise TfdistError(
+                f"--memory {spec.memory_bytes / memfit.GiB:.1f} GiB per task is more than this server's "
+                f"whole memory limit ({budget.limit / memfit.GiB:.1f} GiB), which the kernel and every task "
+                "share: give each task less, or start your server with more memory; nothing was started"
+            )
         # this kernel's idle warm pool is free memory: the job takes its processes over, or it is dropped
         local = self.backend("local")
         pooled = local.pool_bytes() if hasattr(local, "pool_bytes") else 0

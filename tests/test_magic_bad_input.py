@@ -33,7 +33,11 @@ CASES = [
     ("%%tfdist run --cpu 0\n" + FIT, "--cpu must be a number of cores above 0"),
     ("%%tfdist run --name Bad_Name\n" + FIT, "--name 'Bad_Name' is not valid"),
     ("%%tfdist run --backend slurm\n" + FIT, "--backend 'slurm' is unknown"),
-    ("%%tfdist run --timeout -5\n" + FIT, "--timeout must be positive"),
+    ("%%tfdist run --timeout -5\n" + FIT, "--timeout must be a positive number of seconds; got '-5'"),
+    # a start-up timeout that can never fire
+    ("%%tfdist run --timeout nan\n" + FIT, "--timeout must be a positive number of seconds; got 'nan'"),
+    ("%%tfdist run --timeout inf\n" + FIT, "--timeout must be a positive number of seconds; got 'inf'"),
+    ("%%tfdist run --cpu nan\n" + FIT, "--cpu must be a number of cores above 0"),
     (
         "%%tfdist run --stall-timeout 0\n" + FIT,
         "--stall-timeout must be a positive number of seconds; got '0'",
@@ -126,3 +130,19 @@ def test_port_already_in_use(tf_kernel, monkeypatch):
         finally:
             tf_kernel.execute("del os.environ['TFDIST_ISOLATION']\n_magics._backends.clear()", timeout=30)
         assert f"port {port} is already in use" in r.error_text, r.error_text
+
+
+def test_a_task_larger_than_the_whole_server_is_refused(tf_kernel):
+    """--memory 10Ti on a 4 GiB server: a per-task limit no task could reach, refused with the numbers."""
+    tf_kernel.execute(f"import os; os.environ['MEM_LIMIT'] = '{4 * 2**30}'", timeout=30)
+    try:
+        before = jobs_in(tf_kernel.state_dir)
+        r = tf_kernel.execute("%%tfdist run --memory 10Ti\n" + FIT, timeout=60)
+        shown = r.error_text + r.text
+        said = "--memory 10240.0 GiB per task is more than this server's whole memory limit (4.0 GiB)"
+        assert said in shown, shown
+        assert "Traceback (most recent call last)" not in shown
+        assert jobs_in(tf_kernel.state_dir) == before
+        assert not job_processes()
+    finally:
+        tf_kernel.execute("os.environ.pop('MEM_LIMIT', None)", timeout=30)
