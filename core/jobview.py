@@ -15,6 +15,7 @@ from typing import Any
 
 from . import events
 from .events import Event, LogEvent, MetricsEvent, ProgressEvent, SnapshotEvent, StateEvent, TaskEvent
+from .jobrecords import JobSummary
 
 TERMINAL = ("succeeded", "failed", "stopped")
 METRICS_KEEP = 600  # ten minutes at 1 Hz
@@ -233,23 +234,23 @@ class JobView:
         gpu_util = [
             g["util (%)"] for t in last.values() for g in t.get("gpus", []) if g.get("util (%)") is not None
         ]
-        return {
-            "name": self.name,
-            "user": self.user,
-            "backend": self.backend,
-            "state": self.state,
-            "message": self.message,
-            "reason": self.reason,
-            "created": self.created,
-            "ended": self.ended,
-            "tasks_started": self.started_tasks,
-            "tasks_total": self.total_tasks,
-            "epoch": self.epoch,
-            "epochs": self.epochs,
-            "step": self.step,
-            "gpu_util": gpu_util,
-            "cpu_total": sum((t.get("cpu (%)") or 0.0) for t in last.values()),
-        }
+        return JobSummary(
+            name=self.name,
+            user=self.user,
+            backend=self.backend,
+            state=self.state,
+            message=self.message,
+            reason=self.reason,
+            created=self.created,
+            ended=self.ended,
+            tasks_started=self.started_tasks,
+            tasks_total=self.total_tasks,
+            epoch=self.epoch,
+            epochs=self.epochs,
+            step=self.step,
+            gpu_util=gpu_util,
+            cpu_total=sum((t.get("cpu (%)") or 0.0) for t in last.values()),
+        ).model_dump(exclude_unset=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> JobView:

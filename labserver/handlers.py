@@ -18,6 +18,7 @@ from jupyter_server.utils import url_path_join
 
 from ..backends import Backend, get_backend
 from ..errors import NoSuchJob
+from ..jobrecords import GpuStatus, JobDetail, JobList, wire
 from ..settings import Settings, from_environ
 from .activity import setup_activity_handlers
 from .logfilter import readable
@@ -112,9 +113,8 @@ class JobsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         jobs = await self.tfdist.list_jobs()
-        self.write_json(
-            {"user": self.tfdist.settings.user, "jobs": [j for j in jobs if self.tfdist.owns(j.get("user"))]}
-        )
+        mine = [j for j in jobs if self.tfdist.owns(j.get("user"))]
+        self.write_json(wire(JobList, {"user": self.tfdist.settings.user, "jobs": mine}))
 
 
 class JobHandler(BaseHandler):
@@ -142,7 +142,7 @@ class JobHandler(BaseHandler):
             logs[task], hidden = kept[-LOG_TAIL:], hidden + n
         d["logs"] = logs
         d["logs_hidden"] = hidden
-        self.write_json(d)
+        self.write_json(wire(JobDetail, d))
 
 
 class StopHandler(BaseHandler):
@@ -162,7 +162,7 @@ class StopHandler(BaseHandler):
 class GpusHandler(BaseHandler):
     @tornado.web.authenticated
     def get(self) -> None:
-        self.write_json(self.tfdist.sampler.snapshot())
+        self.write_json(wire(GpuStatus, self.tfdist.sampler.snapshot()))
 
 
 def setup_route_handlers(serverapp: Any, state: LabState | None = None) -> LabState:

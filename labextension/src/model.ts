@@ -5,72 +5,28 @@
  */
 import { Poll } from '@lumino/polling';
 
-export interface IGpuSample {
-  index: number;
-  name?: string;
-  'util (%)': number | null;
-  'mem_used (MiB)': number | null;
-  'mem_total (MiB)': number | null;
-}
+import type {
+  GpuSample,
+  GpuStatus,
+  JobDetail,
+  JobList,
+  JobSummary,
+  ServerSample,
+  TaskSample
+} from './records.generated';
 
-export interface IServerSample {
-  t: number;
-  'cpu (%)': number;
-  'mem (%)': number;
-  gpus: IGpuSample[];
-}
-
-export interface IGpuStatus {
-  gpu_count: number;
-  gpus: { index: number; name: string }[];
-  cpu_count: number;
-  interval_s: number;
-  samples: IServerSample[];
-}
-
-export interface IJobSummary {
-  name: string;
-  user: string;
-  backend: string;
-  state: string;
-  message: string;
-  created: number;
-  ended: number | null;
-  tasks_started: number;
-  tasks_total: number;
-  epoch: number;
-  epochs: number | null;
-  gpu_util: number[];
-  cpu_total: number;
-  /** local backend: started with --detach (no kernel holds it) */
-  detached?: boolean;
-  /** a detached job's results: pending (still running), waiting, taken (by an attach), none */
-  results?: string;
-  /** until when (epoch seconds) waiting results are kept */
-  kept_until?: number;
-}
-
-export interface ITaskSample {
-  'cpu (%)': number | null;
-  'rss (MiB)': number | null;
-  gpus: IGpuSample[];
-}
-
-export interface IJobDetail {
-  name: string;
-  user: string;
-  state: string;
-  message: string;
-  tasks: { [task: string]: { state: string; restarts: number; gpus: unknown[] } };
-  metrics: { t: number; tasks: { [task: string]: ITaskSample } }[];
-  logs: { [task: string]: string[] };
-  /** TensorFlow start-up lines the server left out of `logs` (the log files keep them) */
-  logs_hidden?: number;
-  summary: IJobSummary;
-}
+// The shapes the lab server sends, generated from the Python records (tfdist.jobrecords): never edit them
+// here; add the field in Python and run `npm run gen:types`.
+export type IGpuSample = GpuSample;
+export type IServerSample = ServerSample;
+export type IGpuStatus = GpuStatus;
+export type IJobSummary = JobSummary;
+export type ITaskSample = TaskSample;
+export type IJobDetail = JobDetail;
+export type IJobList = JobList;
 
 export interface IJobsApi {
-  listJobs(): Promise<{ user: string; jobs: IJobSummary[] }>;
+  listJobs(): Promise<IJobList>;
   getJob(name: string): Promise<IJobDetail>;
   stopJob(name: string): Promise<{ name: string; stopped: boolean; state: string }>;
   getGpus(): Promise<IGpuStatus>;
@@ -262,10 +218,10 @@ export function taskSeries(detail: IJobDetail): Map<string, Map<string, Series>>
       };
       if (rec.gpus && rec.gpus.length > 0) {
         for (const g of rec.gpus) {
-          put(`GPU ${g.index}`, g['util (%)']);
+          put(`GPU ${g.index}`, g['util (%)'] ?? null);
         }
       } else {
-        put('CPU', rec['cpu (%)']);
+        put('CPU', rec['cpu (%)'] ?? null);
       }
     }
   });

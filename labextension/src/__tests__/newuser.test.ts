@@ -33,7 +33,7 @@ function summary(name: string, extra: Partial<IJobSummary> = {}): IJobSummary {
   };
 }
 
-function job(name: string, state: string, extra: Partial<IJobDetail> = {}): IJobDetail {
+function job(name: string, state: IJobDetail['state'], extra: Partial<IJobDetail> = {}): IJobDetail {
   const ended = ['succeeded', 'failed', 'stopped'].includes(state) ? 1000 : null;
   return {
     name,

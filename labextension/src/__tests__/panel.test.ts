@@ -139,7 +139,8 @@ test('a job name holding HTML renders as text in the list', () => {
   doc.body.appendChild(c);
   let clicked = '';
   const m = new JobsModel(fakeApi([]));
-  m.setJobs([summary(EVIL, { state: '<b>x</b>' })]);
+  // a hostile server's state: rendered as text whatever it holds
+  m.setJobs([summary(EVIL, { state: '<b>x</b>' as IJobSummary['state'] })]);
   renderJobList(c, m.jobs, m.history, null, n => (clicked = n));
   assert.equal(c.querySelector('img'), null);
   assert.equal(c.querySelector('b'), null);
@@ -163,7 +164,7 @@ test('the job view renders name, message and log lines as text, with a Stop butt
   assert.equal(stop.disabled, false);
   stop.click();
   assert.equal(stopped, EVIL);
-  const ended = { ...detail('a'), state: 'stopped' };
+  const ended = { ...detail('a'), state: 'stopped' as const };
   renderJobDetail(c, ended, 'a', false, () => undefined, () => undefined);
   assert.equal((c.querySelector('.tfdist-stop') as HTMLButtonElement).disabled, true);
 });
@@ -194,7 +195,7 @@ test('a detached job is marked in the list and its view says where its results a
   assert.ok(away.title.includes('results wait for %tfdist attach away until'));
   assert.equal(plain.querySelector('.tfdist-detached'), null);
 
-  const d = { ...detail('away'), state: 'succeeded', summary: summary('away', { detached: true, results: 'taken' }) };
+  const d = { ...detail('away'), state: 'succeeded' as const, summary: summary('away', { detached: true, results: 'taken' }) };
   renderJobDetail(c, d, 'away', false, () => undefined, () => undefined);
   assert.equal(c.querySelector('.tfdist-detached-note')!.textContent, 'Detached: its results were taken by an attach.');
 });
