@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from tfdist.settings import ENV_SERVER_PID
+
 GiB = 2**30
 MiB = 2**20
 
@@ -24,7 +26,7 @@ MiB = 2**20
 # measured 669 / 681 / 675 MiB), rounded up: the floor used until a job of this user has been measured.
 FLOOR_MIB = {"ps": 680.0, "worker": 700.0, "chief": 700.0}
 FOOTPRINT_FILE = "footprint.json"
-SERVER_PID_ENV = "TFDIST_SERVER_PID"  # the notebook server's process, for the supervisor's guard
+SERVER_PID_ENV = ENV_SERVER_PID  # the notebook server's process, for the supervisor's guard
 # The job is stopped when the server's use crosses this share of its limit: the hub's watchdog and the
 # kernel's OOM killer act only at the limit, so this leaves room for the kernel to receive the results.
 GUARD_SHARE = 0.94

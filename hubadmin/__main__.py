@@ -15,6 +15,7 @@ import signal
 import sys
 from urllib.parse import urlparse
 
+from tfdist.settings import AdminSettings
 from tfdist.spawner.profiles import load_profiles_or_exit
 
 from .app import make_app
@@ -24,7 +25,7 @@ from .service import GpuAdminState
 
 def _machine_gpus() -> list[str] | None:
     """Embedded hub: this machine's GPUs as the hub's allocator sees them (NVML, CUDA_VISIBLE_DEVICES)."""
-    if os.environ.get("TFDIST_GPU_ADMIN_LOCAL_GPUS") != "1":
+    if not AdminSettings().local_gpus:
         return None
     from tfdist.gpus import visible_gpus
 
@@ -35,11 +36,10 @@ async def _main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="[%(levelname)1.1s %(asctime)s tfdist-gpu-admin] %(message)s"
     )
-    cfg = load_profiles_or_exit(os.environ["TFDIST_PROFILES"])
+    admin = AdminSettings()
+    cfg = load_profiles_or_exit(admin.profiles)
     culling = cfg.gpu_admin.culling
-    period = float(
-        os.environ.get("TFDIST_GPU_ADMIN_PERIOD") or (culling.check_interval_s if culling else 30.0)
-    )
+    period = admin.period_s or (culling.check_interval_s if culling else 30.0)
     state = GpuAdminState(
         api_url=os.environ["JUPYTERHUB_API_URL"],
         api_token=os.environ["JUPYTERHUB_API_TOKEN"],
@@ -52,7 +52,7 @@ async def _main() -> None:
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     make_app(state, prefix).listen(
         url.port or 80,
-        os.environ.get("TFDIST_GPU_ADMIN_BIND") or url.hostname or "",
+        admin.bind or url.hostname or "",
         max_body_size=4 * MAX_BODY_BYTES,  # up to here a too-big report gets a 400 with the reason
     )
     logging.getLogger("tfdist.hubadmin").info(

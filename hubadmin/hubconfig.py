@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any
 
+from tfdist.settings import ENV_GPU_ADMIN_BIND, ENV_GPU_ADMIN_LOCAL_GPUS, ENV_GPU_ADMIN_PERIOD, ENV_PROFILES
+
 __all__ = ["SERVICE_NAME", "SERVICE_SCOPES", "enable_gpu_admin", "report_url"]
 
 SERVICE_NAME = "tfdist-gpu-admin"
@@ -43,15 +45,15 @@ def enable_gpu_admin(
     URL. `ip`: how the proxy reaches the service (Kubernetes: the hub's Service name, e.g. "hub");
     `bind_ip`: the address it listens on when that name is not one of the pod's own (Kubernetes: "0.0.0.0").
     """
-    env = {"TFDIST_PROFILES": profiles}
+    env = {ENV_PROFILES: profiles}
     if bind_ip:
-        env["TFDIST_GPU_ADMIN_BIND"] = bind_ip
+        env[ENV_GPU_ADMIN_BIND] = bind_ip
     if local_gpus:  # embedded hub: count this machine's free GPUs the way the allocator does
-        env["TFDIST_GPU_ADMIN_LOCAL_GPUS"] = "1"
+        env[ENV_GPU_ADMIN_LOCAL_GPUS] = "1"
         if "CUDA_VISIBLE_DEVICES" in os.environ:
             env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     if period_s is not None:
-        env["TFDIST_GPU_ADMIN_PERIOD"] = str(period_s)
+        env[ENV_GPU_ADMIN_PERIOD] = str(period_s)
     services = list(c.JupyterHub.services or []) if "services" in c.JupyterHub else []
     services.append(
         {

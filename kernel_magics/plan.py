@@ -26,12 +26,10 @@ from IPython.display import HTML, Image, display
 
 from .. import advisor, payload
 from ..errors import TfdistError
+from ..settings import KernelSettings
 from ..taskenv import thread_env, usable_cores
 from . import args as margs
 
-ENV_NODES = "TFDIST_PLAN_NODES"
-ENV_GPUS_PER_NODE = "TFDIST_PLAN_GPUS_PER_NODE"
-ENV_BANDWIDTH = "TFDIST_PLAN_BANDWIDTH"
 PROBE_TIMEOUT_S = 180.0
 
 
@@ -95,9 +93,9 @@ def hardware(opts: argparse.Namespace, settings: Any) -> tuple[advisor.Hardware,
     backend = opts.backend or settings.backend
     if backend not in ("local", "kubernetes"):
         raise UsageError(f"%tfdist plan: --backend {backend!r} is unknown: choose local or kubernetes")
-    env = os.environ
+    env = KernelSettings()
     try:
-        bw_text = opts.bandwidth or env.get(ENV_BANDWIDTH)
+        bw_text = opts.bandwidth or env.plan_bandwidth
         bandwidth = advisor.parse_bandwidth(bw_text) if bw_text else advisor.DEFAULT_BANDWIDTH[backend]
     except ValueError as exc:
         raise UsageError(f"%tfdist plan: {exc}") from None
@@ -106,7 +104,7 @@ def hardware(opts: argparse.Namespace, settings: Any) -> tuple[advisor.Hardware,
             raise UsageError(f"%tfdist plan: {flag} must be at least 1 (got {value})")
     if opts.workers is not None and opts.workers < 1:
         raise UsageError(f"%tfdist plan: --workers must be at least 1 (got {opts.workers})")
-    gpus = opts.gpus_per_node or int(env.get(ENV_GPUS_PER_NODE) or 0) or (settings.gpus or 0)
+    gpus = opts.gpus_per_node or env.plan_gpus_per_node or (settings.gpus or 0)
     if backend == "local":
         cores = usable_cores()
         hw = advisor.Hardware(
@@ -117,7 +115,7 @@ def hardware(opts: argparse.Namespace, settings: Any) -> tuple[advisor.Hardware,
             shared_cpu_cores=None if gpus else cores,
         )
         return hw, opts.workers or max(2, gpus)
-    nodes = opts.nodes or int(env.get(ENV_NODES) or 2)
+    nodes = opts.nodes or env.plan_nodes
     hw = advisor.Hardware(nodes=nodes, devices_per_node=max(1, gpus), bandwidth=bandwidth)
     return hw, opts.workers or hw.devices
 

@@ -22,7 +22,6 @@ import asyncio
 import collections
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -35,19 +34,16 @@ from ..gpus import GpuInfo, visible_gpus
 from ..hubadmin.report import MAX_GPUS, MAX_JOBS
 from ..jobview import TERMINAL
 from ..sampler import GpuReader
+from ..settings import ENV_GPU_ACTIVITY_INTERVAL, LabSettings
 
 __all__ = ["GpuActivity", "Notice", "setup_activity_handlers"]
 
 RETENTION_S = 6 * 3600  # longest idle time an admin may set is checked against this (hubadmin.config)
-ENV_INTERVAL = "TFDIST_GPU_ACTIVITY_INTERVAL"
+ENV_INTERVAL = ENV_GPU_ACTIVITY_INTERVAL  # seconds between samples; bad or out of range: 10
 
 
 def _interval() -> float:
-    try:
-        v = float(os.environ.get(ENV_INTERVAL, "10"))
-    except ValueError:
-        return 10.0
-    return v if 0.05 <= v <= 3600 else 10.0
+    return LabSettings().activity_interval_s
 
 
 class GpuActivity:

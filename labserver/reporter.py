@@ -20,11 +20,12 @@ from pydantic import ValidationError
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from ..hubadmin.report import MAX_SAMPLES, ReportReply
+from ..settings import ENV_GPU_ADMIN_URL, LabSettings
 from .activity import Notice, current_report
 
 __all__ = ["ENV_URL", "Reporter", "reporter_from_env"]
 
-ENV_URL = "TFDIST_GPU_ADMIN_URL"
+ENV_URL = ENV_GPU_ADMIN_URL
 FIRST_HISTORY_S = 3600.0  # the first report after a (service) restart carries the page's hour
 RETRY_S = 10.0
 NOT_LISTED_RETRY_S = 2.0  # the hub lists a server only once it is ready: that is seconds away
@@ -95,7 +96,7 @@ class Reporter:
 
 def reporter_from_env(web_settings: dict[str, Any]) -> Reporter | None:
     """A reporter when the spawner said where to report; None for a lab not started by a tfdist hub."""
-    url, token = os.environ.get(ENV_URL), os.environ.get("JUPYTERHUB_API_TOKEN")
+    url, token = LabSettings().gpu_admin_url, os.environ.get("JUPYTERHUB_API_TOKEN")
     if not url or not token:
         return None
     return Reporter(url, token, web_settings)

@@ -22,6 +22,8 @@ from tornado import web
 from traitlets import Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from tfdist.settings import ENV_GPU_ADMIN_URL
+
 from .allocator import ModelAvailability
 from .form import form_to_raw, render_form
 from .profiles import Profile, ProfilesConfig, ProfilesSource
@@ -88,7 +90,7 @@ class GpuFormMixin(LoggingConfigurable):
         """The server reports to the GPU admin service with its own token; this says where."""
         env: dict[str, Any] = super().get_env()  # type: ignore[misc]
         if self.gpu_admin_report_url:
-            env["TFDIST_GPU_ADMIN_URL"] = self.gpu_admin_report_url
+            env[ENV_GPU_ADMIN_URL] = self.gpu_admin_report_url
         return env
 
     def tfdist_profiles(self) -> ProfilesConfig:

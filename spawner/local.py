@@ -106,9 +106,7 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
 
     @default("home_dir_template")
     def _home_dir_template_default(self) -> str:
-        base = os.environ.get("TFDIST_HUB_STATE_DIR") or os.path.join(
-            os.path.expanduser("~"), ".local/share/tfdist-hub"
-        )
+        base = settings.HubSettings().state_base()
         return os.path.join(base, "users", "{username}")
 
     @default("home_dir")

@@ -24,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tfdist.settings import HubSettings
+
 __all__ = [
     "configure",
     "default_profiles_path",
@@ -153,11 +155,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
     )
-    p.add_argument("--port", type=int, default=int(os.environ.get("TFDIST_HUB_PORT", "8000")))
+    hub = HubSettings()
+    p.add_argument("--port", type=int, default=hub.port)
     p.add_argument(
         "--state-dir",
-        default=os.environ.get("TFDIST_HUB_STATE_DIR")
-        or os.path.join(os.path.expanduser("~"), ".local", "share", "tfdist-hub"),
+        default=hub.state_base(),
         help="database, cookie secret and users' folders",
     )
     p.add_argument(
@@ -172,7 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--password",
-        default=os.environ.get("TFDIST_HUB_PASSWORD"),
+        default=hub.password,
         help="users' shared password (default: generated and printed; at least 8 characters)",
     )
     return p

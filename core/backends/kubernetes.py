@@ -37,12 +37,11 @@ from ..kube.agent_client import AgentClient
 from ..kube.api_errors import translate
 from ..kube.cluster import KubeApi, controller_uid, current_namespace, job_resources, quota_shortfall
 from ..kube.podwatch import PodWatch
-from ..settings import Settings
+from ..settings import KernelSettings, Settings
+from ..settings.groups import DEFAULT_RETENTION_S
 from .base import Backend, Launch
 
-DETACHED_RESULT_WAIT_S = (
-    24 * 3600.0
-)  # default retention of a detached job's results (TFDIST_RESULT_RETENTION_S)
+DETACHED_RESULT_WAIT_S = DEFAULT_RETENTION_S  # default retention of a detached job's results
 # a job refused for quota that this user's ending jobs still hold waits this long for them to let go
 QUOTA_RELEASE_WAIT_S = 90.0
 
@@ -124,7 +123,7 @@ class KubernetesBackend(Backend):
             raise translate(exc, "Job", spec.name, spec.namespace or "") from None
         await self._check_quota(spec)
         token = secrets.token_urlsafe(32)
-        retention = float(os.environ.get("TFDIST_RESULT_RETENTION_S") or DETACHED_RESULT_WAIT_S)
+        retention = KernelSettings().result_retention_s
         # all-reduce (tfdist.kube.allreduce): chief-0 is a replica too (GPUs, placement), no PS Job
         build: Any = allreduce if spec.strategy == allreduce.STRATEGY else mf
         placement = (
@@ -482,7 +481,7 @@ class KubernetesBackend(Backend):
             "root_uid": job.root_uid,
             "job_uids": sorted(job.job_uids),
             "created": job.created,
-            "retention_s": float(os.environ.get("TFDIST_RESULT_RETENTION_S") or DETACHED_RESULT_WAIT_S),
+            "retention_s": KernelSettings().result_retention_s,
         }
         records.save(self._record_path(job.spec.name), rec)
 

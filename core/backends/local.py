@@ -36,25 +36,21 @@ from ..runtime import events
 from ..runtime.netns import wrapper_command
 from ..runtime.tasklog import tail_lines
 from ..runtime.unixsock import short_path
+from ..settings import ENV_ISOLATION, ENV_NETNS, ENV_RESULT_RETENTION_S, KernelSettings
+from ..settings.groups import DEFAULT_RETENTION_S
 from .base import Backend, Launch
 from .pool import PoolKeeper
 
 KEEP_FINISHED = 20  # finished job directories kept for `%tfdist logs`
-ISOLATION_ENV = "TFDIST_ISOLATION"  # "netns" (default) or "none"
-RETENTION_ENV = "TFDIST_RESULT_RETENTION_S"  # the admin's: how long a detached job's results wait
-DEFAULT_RETENTION_S = 24 * 3600.0
+ISOLATION_ENV = ENV_ISOLATION  # "netns" (default) or "none"
+RETENTION_ENV = ENV_RESULT_RETENTION_S  # the admin's: how long a detached job's results wait
 DETACHED_FILE = "detached.json"  # present in a detached job's directory: retention, owner, taken
 
 
 def retention_s(environ: dict[str, str] | None = None) -> float:
     """The admin's retention for detached results (the same variable as on Kubernetes); bad values fall
     back to the default rather than keeping results forever or deleting them at once."""
-    raw = (os.environ if environ is None else environ).get(RETENTION_ENV) or ""
-    try:
-        value = float(raw)
-    except ValueError:
-        return DEFAULT_RETENTION_S
-    return value if 0 < value < float("inf") else DEFAULT_RETENTION_S
+    return KernelSettings(environ).result_retention_s
 
 
 def _hours(seconds: float) -> str:
@@ -91,7 +87,7 @@ class LocalBackend(Backend):
 
     def __init__(self, state_dir: str, isolation: str | None = None):
         self.state_dir = state_dir
-        self.isolation = isolation or os.environ.get(ISOLATION_ENV, "netns")
+        self.isolation = isolation or KernelSettings().isolation
         self._lifelines: dict[str, subprocess.Popen] = {}
         self._wrapper: list[str] | None = None
         self._pool = PoolKeeper(state_dir)  # this kernel's warm pool for its next job (backends.pool)
@@ -166,7 +162,7 @@ class LocalBackend(Backend):
                 f,
             )
         env = dict(os.environ)
-        env["TFDIST_NETNS"] = "1" if prefix else "0"
+        env[ENV_NETNS] = "1" if prefix else "0"
         env["PYTHONUNBUFFERED"] = "1"
         # a waiting warm pool of this kernel becomes the job's supervisor; a detached job starts fresh
         warm = None if spec.extra.get("detach") else self._pool.take(d, env)

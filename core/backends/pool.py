@@ -28,11 +28,11 @@ import psutil
 
 from .. import memfit
 from ..procid import ProcessId
+from ..settings import ENV_POOL_MEMORY, ENV_POOL_SIZE, KernelSettings, groups
 
-SIZE_ENV = "TFDIST_POOL_SIZE"  # pooled processes per server, all kernels together; 0 turns the pool off
-MEMORY_ENV = "TFDIST_POOL_MEMORY"  # bytes (or 2Gi, 1500Mi) the pooled processes of a server may hold
-DEFAULT_SIZE = 4
-DEFAULT_MEMORY = 3 * memfit.GiB
+SIZE_ENV, MEMORY_ENV = ENV_POOL_SIZE, ENV_POOL_MEMORY  # pooled processes per server; bytes they may hold
+DEFAULT_SIZE, DEFAULT_MEMORY = groups.DEFAULT_POOL_SIZE, groups.DEFAULT_POOL_MEMORY
+
 # Idle RSS of one fork server (TensorFlow 2.21 CPU build with tf_keras imported, this project's CI machine,
 # measured 591 MiB; much of it shared library pages, see README), rounded up.
 FORKSERVER_BYTES = 600 * memfit.MiB
@@ -40,28 +40,10 @@ START_SHARE = 0.70  # a pool starts only if the server's memory use, with the po
 STATE_PREFIX = "warm-pool-"
 
 
-def _parse_bytes(raw: str, default: int) -> int:
-    units = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9}
-    raw = raw.strip()
-    for u in sorted(units, key=len, reverse=True):
-        if u and raw.endswith(u):
-            num, mult = raw[: -len(u)], units[u]
-            break
-    else:
-        num, mult = raw, 1
-    try:
-        value = float(num) * mult
-    except ValueError:
-        return default
-    return int(value) if value >= 0 else default
-
-
 def configured(environ: dict[str, str] | None = None) -> tuple[int, int]:
     """(pooled processes, bytes) allowed per server; bad values fall back to the defaults."""
-    env = os.environ if environ is None else environ
-    raw = env.get(SIZE_ENV, "").strip()
-    size = int(raw) if raw.isdigit() else DEFAULT_SIZE
-    return size, _parse_bytes(env.get(MEMORY_ENV, ""), DEFAULT_MEMORY)
+    ks = KernelSettings(environ)
+    return ks.pool_size, ks.pool_memory
 
 
 def live_pools(state_dir: str) -> list[dict]:

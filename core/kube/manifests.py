@@ -17,17 +17,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from typing import Any
 
 from .. import taskenv, tf_config
 from ..jobspec import JobSpec
 from ..runtime import psrecovery, psrestart
+from ..settings import (
+    ENV_AGENT_PORT,
+    ENV_AGENT_URL,
+    ENV_CLUSTER,
+    ENV_RESULT_WAIT_S,
+    ENV_TASK,
+    ENV_TOKEN,
+    KernelSettings,
+)
 
 TF_PORT = 2222
 # the coordinator agent's port; TFDIST_AGENT_PORT in the notebook's environment moves it (the pod is told)
-AGENT_PORT = int(os.environ.get("TFDIST_AGENT_PORT") or 8470)
+AGENT_PORT = KernelSettings().agent_port
 MANAGED_BY = "jupyter-tfdist"
 L_JOB = "tfdist.io/job"
 L_USER = "tfdist.io/user"
@@ -224,22 +232,22 @@ def pod_template(
     # threads from --cpu (the pod's limit); without it the task sizes them where it runs (taskenv)
     tf = taskenv.tf_env(tf_config="", task=role, cpu=spec.cpu, cores=None)
     tf.pop("TF_CONFIG")
-    tf.pop("TFDIST_TASK")
+    tf.pop(ENV_TASK)
     env = [
         *({"name": k, "value": v} for k, v in tf.items()),
-        {"name": "TFDIST_CLUSTER", "value": json.dumps(cluster_spec(spec), sort_keys=True)},
-        {"name": "TFDIST_AGENT_URL", "value": f"http://{task_host(spec, 'chief-0')}:{AGENT_PORT}"},
+        {"name": ENV_CLUSTER, "value": json.dumps(cluster_spec(spec), sort_keys=True)},
+        {"name": ENV_AGENT_URL, "value": f"http://{task_host(spec, 'chief-0')}:{AGENT_PORT}"},
         {
-            "name": "TFDIST_TOKEN",
+            "name": ENV_TOKEN,
             "valueFrom": {"secretKeyRef": {"name": f"{spec.name}-token", "key": "token"}},
         },
     ]
     if not gpus:
         env.append(NO_GPU_ENV)
     if role == "chief":
-        env.append({"name": "TFDIST_AGENT_PORT", "value": str(AGENT_PORT)})
+        env.append({"name": ENV_AGENT_PORT, "value": str(AGENT_PORT)})
     if role == "chief" and result_wait_s is not None:
-        env.append({"name": "TFDIST_RESULT_WAIT_S", "value": f"{result_wait_s:g}"})
+        env.append({"name": ENV_RESULT_WAIT_S, "value": f"{result_wait_s:g}"})
     if role == "chief" and ps_comes_back(spec):  # the coordinator pod checkpoints in its own job dir
         env.append({"name": psrecovery.ENV_EVERY, "value": str(spec.checkpoint_every)})
     container: dict[str, Any] = {

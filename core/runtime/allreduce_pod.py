@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 
 from ..kube import signing
+from ..settings import ENV_EVENTS_FD, TaskSettings
 from . import events as wire
 from .deathsig import die_with_parent
 
@@ -167,8 +168,8 @@ def run_chief() -> int:
 
     from . import podmain
 
-    port = int(os.environ.get(podmain.AGENT_PORT_ENV, "8470"))
-    args = (port, os.environ.get("TFDIST_TOKEN", ""))
+    ts = TaskSettings()
+    args = (ts.agent_port, ts.token or "")
     threading.Thread(target=sample_chief, args=args, name="tfdist-sampler", daemon=True).start()
     return podmain.run_chief()
 
@@ -176,9 +177,8 @@ def run_chief() -> int:
 def run_worker() -> int:
     from .podmain import ORPHAN_AFTER_S, TERMINATED
 
-    url = os.environ.get("TFDIST_AGENT_URL", "")
-    token = os.environ.get("TFDIST_TOKEN", "")
-    task = os.environ.get("TFDIST_TASK", "worker-0")
+    ts = TaskSettings()
+    url, token, task = ts.agent_url, ts.token or "", ts.task or "worker-0"
     child: list[subprocess.Popen] = []
 
     def terminated(*_: object) -> None:
@@ -191,7 +191,7 @@ def run_worker() -> int:
     if not url or not token:
         print("tfdist: TFDIST_AGENT_URL and TFDIST_TOKEN are required", file=sys.stderr, flush=True)
         return 2
-    wait_s = float(os.environ.get("TFDIST_PAYLOAD_WAIT_S", "600")) + 60
+    wait_s = ts.payload_wait_s + 60
     print(f"tfdist: {task} waiting for the cell from the chief's agent", flush=True)
     data = wait_for_payload(url, token, task, wait_s, ORPHAN_AFTER_S)
     if data is None:
@@ -201,7 +201,7 @@ def run_worker() -> int:
         f.write(data)
     del data
     print(f"tfdist: {task} running the cell as an all-reduce replica", flush=True)
-    env = {k: v for k, v in os.environ.items() if k != "TFDIST_EVENTS_FD"}  # only chief-0 reports
+    env = {k: v for k, v in os.environ.items() if k != ENV_EVENTS_FD}  # only chief-0 reports
     child.append(
         subprocess.Popen(
             [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir],

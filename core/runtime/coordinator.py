@@ -16,19 +16,21 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from tfdist.settings import TaskSettings
+
 if TYPE_CHECKING:
     from tfdist.events import ProgressEvent
 
 CELL_FILENAME = "<tfdist cell>"
 # Steps done are read this often during a fit (one tiny read of a variable on the PS): the heartbeat that
 # shows progress within an epoch and lets the cell tell a slow job from a stuck one.
-HEARTBEAT_S = float(os.environ.get("TFDIST_HEARTBEAT_S", "2"))
+HEARTBEAT_S = TaskSettings().heartbeat_s
 
 
 class _Events:
     def __init__(self) -> None:
-        fd = os.environ.get("TFDIST_EVENTS_FD")
-        self._f = os.fdopen(int(fd), "wb", buffering=0) if fd else None
+        fd = TaskSettings().events_fd
+        self._f = os.fdopen(fd, "wb", buffering=0) if fd is not None else None
         self._lock = threading.Lock()  # the heartbeat thread sends too: one whole line at a time
 
     def send(self, event: ProgressEvent) -> None:
@@ -234,7 +236,7 @@ def run(jobdir: str) -> int:
         return 0
     except BaseException as exc:  # the cell's own errors included: report, then exit non-zero
         err = {"type": type(exc).__name__, "message": str(exc), "traceback": cell_traceback(exc)}
-        task = os.environ.get("TFDIST_TASK", "chief-0")
+        task = TaskSettings().task or "chief-0"
         name = "error.json" if task == "chief-0" else f"error-{task}.json"  # all-reduce workers: their own
         with open(os.path.join(jobdir, name), "w") as f:
             json.dump(err, f)

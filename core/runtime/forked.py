@@ -20,8 +20,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tfdist.settings import ENV_EVENTS_FD, KernelSettings
+
 PR_SET_CHILD_SUBREAPER = 36
-DISABLE_ENV = "TFDIST_FORK_TASKS"  # "0": every task is a fresh process (as before the fork server)
 # Read by the interpreter or by TensorFlow's import: a fork server started under other values cannot fork
 # a task that has these (it would differ from a fresh process), so such a task starts fresh.
 IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "TF_CPP_", "TF_ENABLE_", "KMP_", "MKL_", "OMP_")
@@ -61,7 +62,7 @@ def import_env(environ: dict[str, str]) -> dict[str, str]:
     """What a fork server imports TensorFlow under: the supervisor's environment without a task's own."""
     from tfdist.taskenv import THREAD_VARS
 
-    env = {k: v for k, v in environ.items() if k not in ("TF_CONFIG", "TFDIST_EVENTS_FD", *THREAD_VARS)}
+    env = {k: v for k, v in environ.items() if k not in ("TF_CONFIG", ENV_EVENTS_FD, *THREAD_VARS)}
     env.pop("JPY_PARENT_PID", None)
     env["TF_USE_LEGACY_KERAS"] = "1"
     return env
@@ -148,7 +149,7 @@ class ForkServer:
     ) -> ForkServer | None:
         """Start importing TensorFlow now; None where tasks must start fresh (disabled, no subreaper).
         `idle`: a warm pool's, named forkserver.IDLE_NAME until a task comes."""
-        if env.get(DISABLE_ENV) == "0" or not become_subreaper():
+        if not KernelSettings(env).fork_tasks or not become_subreaper():
             return None
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from tfdist.settings import TaskSettings
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -26,10 +28,11 @@ def coordinator_outcome(jobdir: str, code: int | None, ended: str | None = None)
     try:
         with open(os.path.join(jobdir, "error.json")) as f:
             err = json.load(f)
-        if os.environ.get("TFDIST_STRATEGY") == "allreduce":  # chief-0's replica lost a peer: say which
+        ts = TaskSettings()
+        if ts.strategy == "allreduce":  # chief-0's replica lost a peer: say which
             from .allreduce import peer_lost
 
-            err = peer_lost(err, os.environ.get("TFDIST_TASK", "chief-0")) or err
+            err = peer_lost(err, ts.task or "chief-0") or err
         return Outcome("failed", f"{err['type']}: {str(err['message'])[:300]}", err)
     except (OSError, ValueError, KeyError, TypeError):
         pass

@@ -23,12 +23,11 @@ from typing import Any
 
 from ..events import ProgressEvent, StateEvent, error_info, to_wire
 from ..kube import signing
+from ..settings import ENV_EVENTS_FD, ENV_TASK, ENV_TOKEN, SettingsError, TaskSettings
 from . import events as wire
 from .deathsig import die_with_parent
 from .outcome import coordinator_outcome
 
-AGENT_PORT_ENV = "TFDIST_AGENT_PORT"
-RESULT_WAIT_S = 600.0  # how long results wait for the notebook (TFDIST_RESULT_WAIT_S: detached jobs)
 ORPHAN_AFTER_S = 30.0  # a server whose agent is unreachable this long ends itself
 TERMINATED = 143  # 128 + SIGTERM: a pod ended by the cluster has failed, whatever it was doing
 
@@ -39,14 +38,17 @@ def run_chief() -> int:
     # As a container's PID 1 this process ignores SIGTERM unless it handles it: a pod deleted while it
     # waits for the payload would otherwise linger for the whole grace period.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(TERMINATED))
-    token = os.environ["TFDIST_TOKEN"]
-    port = int(os.environ.get(AGENT_PORT_ENV, "8470"))
+    ts = TaskSettings()
+    token = ts.token
+    if token is None:
+        raise SettingsError(f"{ENV_TOKEN} is not set: chief-0's agent takes no request without it")
+    port = ts.agent_port
     jobdir = tempfile.mkdtemp(prefix="tfdist-job-")
     state = AgentState(jobdir, token)
     srv = serve(state, port)
     print(f"tfdist: agent listening on :{port}", flush=True)
     state.log.add(to_wire(ProgressEvent(phase="waiting for the payload")))
-    if not wait_until(state.payload_ready.is_set, float(os.environ.get("TFDIST_PAYLOAD_WAIT_S", "600"))):
+    if not wait_until(state.payload_ready.is_set, ts.payload_wait_s):
         print("tfdist: no payload arrived; giving up", flush=True)
         return 3
     code = _run_coordinator(state, jobdir)
@@ -61,7 +63,7 @@ def run_chief() -> int:
     )
     state.finished.set()
     state.log.add(done)
-    keep = float(os.environ.get("TFDIST_RESULT_WAIT_S") or RESULT_WAIT_S)
+    keep = ts.result_wait_s
     wait_until(state.delivered.is_set, keep if code == 0 else 60.0)
     srv.shutdown()
     return code
@@ -75,7 +77,7 @@ def _run_coordinator(state: Any, jobdir: str) -> int:
     watch = PsWatch.from_env(jobdir, state.log.add)
     while True:
         r, w = os.pipe()
-        env = dict(os.environ, TFDIST_EVENTS_FD=str(w))
+        env = dict(os.environ) | {ENV_EVENTS_FD: str(w)}
         if watch is not None:
             env |= watch.coordinator_env()
         proc = subprocess.Popen(
@@ -174,9 +176,8 @@ def pod_sampler(task: str, pid: int) -> Any:
 
 
 def run_server(role: str) -> int:
-    url = os.environ.get("TFDIST_AGENT_URL", "")
-    token = os.environ.get("TFDIST_TOKEN", "")
-    task = os.environ.get("TFDIST_TASK", role)
+    ts = TaskSettings()
+    url, token, task = ts.agent_url, ts.token or "", ts.task or role
     proc = subprocess.Popen([sys.executable, "-u", "-m", "tfdist.runtime.task"], preexec_fn=die_with_parent())
     # As a container's PID 1 this process ignores SIGTERM unless it handles it: end the server with it,
     # and fail (a pod deleted mid-fit that exited 0 would count as a finished index: no replacement).
@@ -193,7 +194,7 @@ def run_server(role: str) -> int:
         if health is False:  # the coordinator finished: this server's work is done
             break
         if health is None:
-            never_for = time.time() - started > float(os.environ.get("TFDIST_PAYLOAD_WAIT_S", "600")) + 60
+            never_for = time.time() - started > ts.payload_wait_s + 60
             if (seen and time.time() - last_ok > ORPHAN_AFTER_S) or (not seen and never_for):
                 print(f"tfdist: agent unreachable for {ORPHAN_AFTER_S:.0f}s; ending {task}", flush=True)
                 break
@@ -218,13 +219,14 @@ def task_environment(role: str, environ: dict[str, str] | None = None) -> None:
     """TF_CONFIG and TFDIST_TASK of this pod: an Indexed Job's pods share one template, so the task index
     is the one the Job controller gave this pod (JOB_COMPLETION_INDEX)."""
     env = os.environ if environ is None else environ
-    if env.get("TF_CONFIG") or not env.get("TFDIST_CLUSTER"):
+    cluster = None if env.get("TF_CONFIG") else TaskSettings(env).cluster
+    if not cluster:
         return
     from .. import tf_config
 
     task = f"{role}-{int(env.get('JOB_COMPLETION_INDEX') or 0)}"
-    env["TF_CONFIG"] = tf_config.tf_config(json.loads(env["TFDIST_CLUSTER"]), task)
-    env["TFDIST_TASK"] = task
+    env["TF_CONFIG"] = tf_config.tf_config(cluster, task)
+    env[ENV_TASK] = task
 
 
 def main() -> int:

@@ -16,9 +16,11 @@ import sys
 import time
 from typing import Any
 
+from tfdist.settings import KernelSettings
+
 WARMUP_STEPS = 3
 MAX_STEPS = 30
-MAX_MEASURE_S = float(os.environ.get("TFDIST_PROBE_SECONDS", "4"))
+MAX_MEASURE_S = KernelSettings().probe_seconds
 
 
 def _batch_size(batch: Any) -> int:

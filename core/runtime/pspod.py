@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..events import ErrorInfo, LogEvent, TaskEvent, to_wire
+from ..settings import TaskSettings
 from . import psrecovery, psrestart
 
 PROBE_EVERY_S = 1.0
@@ -82,12 +83,12 @@ class PsWatch:
     @classmethod
     def from_env(cls, jobdir: str, emit: Emit, environ: dict[str, str] | None = None) -> PsWatch | None:
         """The chief's watch when the job asked for --checkpoint-every (TFDIST_CHECKPOINT_EVERY)."""
-        env = os.environ if environ is None else environ
-        every = env.get(psrecovery.ENV_EVERY)
-        if not every or not env.get("TFDIST_CLUSTER"):
+        ts = TaskSettings(environ)
+        every, cluster = ts.checkpoint_every, ts.cluster
+        if every is None or not cluster:
             return None
-        addrs = ps_addresses(json.loads(env["TFDIST_CLUSTER"]))
-        return cls(int(every), jobdir, addrs, emit) if addrs else None
+        addrs = ps_addresses(cluster)
+        return cls(every, jobdir, addrs, emit) if addrs else None
 
     def coordinator_env(self) -> dict[str, str]:
         return psrestart.checkpoint_env(self.every, self.jobdir)

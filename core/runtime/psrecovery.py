@@ -23,15 +23,17 @@ import os
 import threading
 from typing import Any
 
-ENV_EVERY = "TFDIST_CHECKPOINT_EVERY"
-ENV_DIR = "TFDIST_CHECKPOINT_DIR"
+from tfdist.settings import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY, TaskSettings
+
+ENV_EVERY, ENV_DIR = ENV_CHECKPOINT_EVERY, ENV_CHECKPOINT_DIR  # written by psrestart and the manifests
 
 
 def settings() -> tuple[int, str] | None:
-    every, where = os.environ.get(ENV_EVERY), os.environ.get(ENV_DIR)
-    if not every or not where:
+    ts = TaskSettings()
+    every, where = ts.checkpoint_every, ts.checkpoint_dir
+    if every is None or not where:
         return None
-    return int(every), where
+    return every, where
 
 
 class Recovery:

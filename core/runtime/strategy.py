@@ -12,12 +12,14 @@ import json
 import os
 from typing import Any
 
+from tfdist.settings import TaskSettings
+
 PS = "ps"
 ALLREDUCE = "allreduce"
 
 
 def current() -> str:
-    return os.environ.get("TFDIST_STRATEGY", PS)
+    return TaskSettings().strategy
 
 
 def task_type() -> str:

@@ -46,6 +46,7 @@ from tfdist.runtime.outcome import coordinator_outcome
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.runtime.unixsock import short_path
 from tfdist.sampler import TaskProcess, TaskSampler
+from tfdist.settings import ENV_EVENTS_FD, TaskSettings
 from tfdist.taskenv import THREAD_VARS
 from tfdist.tf_config import TaskId
 
@@ -270,7 +271,7 @@ class Supervisor:
     async def _spawn_coordinator(self, chief: Task) -> tuple[asyncio.Future, asyncio.Future]:
         """Start the coordinator with its events pipe; what to await for its end and for its events."""
         r, w = os.pipe()
-        chief.env = chief.env | {"TFDIST_EVENTS_FD": str(w)}
+        chief.env = chief.env | {ENV_EVENTS_FD: str(w)}
         await self._spawn(chief, "tfdist.runtime.coordinator", extra_fds=(w,))
         os.close(w)
         ev_reader = asyncio.ensure_future(self._coordinator_events(r))
@@ -302,7 +303,7 @@ class Supervisor:
 
     def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)
-        for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "TFDIST_EVENTS_FD", "JPY_PARENT_PID", *THREAD_VARS):
+        for k in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", ENV_EVENTS_FD, "JPY_PARENT_PID", *THREAD_VARS):
             env.pop(k, None)
         env.update(self.launch.get("env", {}))
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML does
@@ -641,7 +642,7 @@ async def serve(jobdir: str, forks: ForkServer | None = None) -> int:
 
 def main() -> int:
     jobdir = sys.argv[1]
-    if os.environ.get("TFDIST_NETNS") == "1":
+    if TaskSettings().netns:
         from tfdist.runtime.netns import bring_up_loopback
 
         bring_up_loopback()

@@ -29,6 +29,7 @@ from tfdist import memfit
 from tfdist.procid import ProcessId
 from tfdist.runtime import forkserver
 from tfdist.runtime.forked import ForkServer, import_env
+from tfdist.settings import TaskSettings
 
 DROP_SHARE = 0.80  # an idle pool ends itself above this share of the server's memory limit
 MEMORY_CHECK_S = 1.0
@@ -144,7 +145,7 @@ async def _main(server_pid: int | None, statefile: str) -> int:
 def main() -> int:
     server_pid = int(sys.argv[1]) if sys.argv[1].isdigit() else None
     statefile = sys.argv[2]
-    if os.environ.get("TFDIST_NETNS") == "1":
+    if TaskSettings().netns:
         from tfdist.runtime.netns import bring_up_loopback
 
         bring_up_loopback()

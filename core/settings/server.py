@@ -15,28 +15,32 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tfdist.errors import TfdistError
+from .fields import SettingsError
+from .groups import LIFELINE_GRACE_MAX_S, LIFELINE_GRACE_MIN_S, LIFELINE_GRACE_S
+from .names import (
+    ENV_BACKEND,
+    ENV_GPU_NODE_SELECTOR,
+    ENV_GPU_RESOURCE,
+    ENV_GPU_TOLERATIONS,
+    ENV_GPUS,
+    ENV_KUEUE_QUEUE,
+    ENV_LIFELINE_GRACE_S,
+    ENV_NAMESPACE,
+    ENV_POD_NAME,
+    ENV_POD_UID,
+    ENV_STATE_DIR,
+    ENV_USER,
+    ENV_WORKER_IMAGE,
+)
 
-ENV_BACKEND = "TFDIST_BACKEND"  # "local" (default) or "kubernetes"
-ENV_NAMESPACE = "TFDIST_NAMESPACE"  # Kubernetes namespace for job objects
-ENV_WORKER_IMAGE = "TFDIST_WORKER_IMAGE"  # image of PS/worker/coordinator pods
-ENV_GPUS = "TFDIST_GPUS"  # number of GPUs this server was given (the magic's default GPUs per worker)
-ENV_GPU_MODEL = "TFDIST_GPU_MODEL"  # GPU model key of the profile: for the user's own code, tfdist reads none
-ENV_POD_NAME = "TFDIST_POD_NAME"  # the notebook pod (owner of job objects), via the downward API
-ENV_POD_UID = "TFDIST_POD_UID"
-ENV_KUEUE_QUEUE = "TFDIST_KUEUE_QUEUE"  # optional Kueue LocalQueue name
-ENV_GPU_NODE_SELECTOR = "TFDIST_GPU_NODE_SELECTOR"  # JSON: node selector of the GPU model (workers' pods)
-ENV_GPU_TOLERATIONS = "TFDIST_GPU_TOLERATIONS"  # JSON list: tolerations of the GPU model
-ENV_GPU_RESOURCE = "TFDIST_GPU_RESOURCE"  # extended resource of the GPU model (nvidia.com/mig-1g.10gb, ...)
-ENV_USER = "TFDIST_USER"  # the hub user name (labels); falls back to JUPYTERHUB_USER / $USER
-ENV_STATE_DIR = "TFDIST_STATE_DIR"  # where local jobs keep sockets, logs and results
-ENV_LIFELINE_GRACE_S = "TFDIST_LIFELINE_GRACE_S"  # kernel gone this long: the cluster ends its attached jobs
-# the grace's default and bounds: the spawner's lifeline_grace_seconds takes the same (the one contract)
-LIFELINE_GRACE_S, LIFELINE_GRACE_MIN_S, LIFELINE_GRACE_MAX_S = 60, 15, 3600
-
-
-class SettingsError(TfdistError):
-    """The server's environment holds a value the spawner would never write."""
+__all__ = [
+    "LIFELINE_GRACE_MAX_S",
+    "LIFELINE_GRACE_MIN_S",
+    "LIFELINE_GRACE_S",
+    "Settings",
+    "SettingsError",
+    "from_environ",
+]
 
 
 class Settings(BaseSettings):
@@ -44,18 +48,58 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=False)
 
-    backend: Literal["local", "kubernetes"] = Field("local", validation_alias=ENV_BACKEND)
-    namespace: str | None = Field(None, validation_alias=ENV_NAMESPACE)
-    worker_image: str | None = Field(None, validation_alias=ENV_WORKER_IMAGE)
-    gpus: int | None = Field(None, ge=0, validation_alias=ENV_GPUS)
-    pod_name: str | None = Field(None, validation_alias=ENV_POD_NAME)
-    pod_uid: str | None = Field(None, validation_alias=ENV_POD_UID)
-    kueue_queue: str | None = Field(None, validation_alias=ENV_KUEUE_QUEUE)
-    gpu_node_selector: dict[str, str] | None = Field(None, validation_alias=ENV_GPU_NODE_SELECTOR)
-    gpu_tolerations: list[dict[str, Any]] | None = Field(None, validation_alias=ENV_GPU_TOLERATIONS)
-    gpu_resource: str | None = Field(None, validation_alias=ENV_GPU_RESOURCE)
-    user: str = Field("user", validation_alias=AliasChoices(ENV_USER, "JUPYTERHUB_USER", "USER"))
-    state_dir: str = Field("", validation_alias=ENV_STATE_DIR)
+    backend: Literal["local", "kubernetes"] = Field(
+        "local", validation_alias=ENV_BACKEND, description="Where `%%tfdist` runs jobs by default."
+    )
+    namespace: str | None = Field(
+        None,
+        validation_alias=ENV_NAMESPACE,
+        description="Kubernetes namespace for job objects; unset: the notebook pod's own.",
+    )
+    worker_image: str | None = Field(
+        None, validation_alias=ENV_WORKER_IMAGE, description="Image of the PS, worker and coordinator pods."
+    )
+    gpus: int | None = Field(
+        None,
+        ge=0,
+        validation_alias=ENV_GPUS,
+        description="GPUs this server was given: the magic's default GPUs per worker.",
+    )
+    pod_name: str | None = Field(
+        None,
+        validation_alias=ENV_POD_NAME,
+        description="The notebook pod (owner of job objects), from the downward API.",
+    )
+    pod_uid: str | None = Field(None, validation_alias=ENV_POD_UID, description="That pod's UID.")
+    kueue_queue: str | None = Field(
+        None, validation_alias=ENV_KUEUE_QUEUE, description="Kueue LocalQueue of the jobs; unset: none."
+    )
+    gpu_node_selector: dict[str, str] | None = Field(
+        None,
+        validation_alias=ENV_GPU_NODE_SELECTOR,
+        description="JSON object: node selector of the profile's GPU model (the workers' pods).",
+    )
+    gpu_tolerations: list[dict[str, Any]] | None = Field(
+        None,
+        validation_alias=ENV_GPU_TOLERATIONS,
+        description="JSON list: tolerations of the profile's GPU model.",
+    )
+    gpu_resource: str | None = Field(
+        None,
+        validation_alias=ENV_GPU_RESOURCE,
+        description="Extended resource of the GPU model (`nvidia.com/mig-1g.10gb`, ...); unset: whole GPUs.",
+    )
+    user: str = Field(
+        "user",
+        validation_alias=AliasChoices(ENV_USER, "JUPYTERHUB_USER", "USER"),
+        description="The hub user's name (job labels); unset: JUPYTERHUB_USER, else USER.",
+    )
+    state_dir: str = Field(
+        "",
+        validation_alias=ENV_STATE_DIR,
+        description="Where local jobs keep sockets, logs and results; unset: "
+        "`$XDG_RUNTIME_DIR/tfdist/jobs`, else `~/.local/state/tfdist/jobs`.",
+    )
     # shorter frees a dead kernel's pods sooner but needs the API server reachable more often (one update per
     # a third of it); bounded so that a kernel cannot keep its jobs alive long after it is gone
     lifeline_grace_s: int = Field(
@@ -63,6 +107,7 @@ class Settings(BaseSettings):
         ge=LIFELINE_GRACE_MIN_S,
         le=LIFELINE_GRACE_MAX_S,
         validation_alias=ENV_LIFELINE_GRACE_S,
+        description="Kubernetes: a kernel gone this many seconds has its attached jobs ended by the cluster.",
     )
     # only to derive state_dir's default (a per-login runtime directory when there is one)
     xdg_runtime_dir: str = Field("", validation_alias="XDG_RUNTIME_DIR", exclude=True, repr=False)
