@@ -163,13 +163,3 @@ def byte_size(raw: str) -> int:
 
 
 byte_size.__name__ = "bytes (2Gi, 1500Mi)"
-
-
-def one_of(*choices: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        if raw not in choices:
-            raise ValueError("one of " + ", ".join(choices))
-        return raw
-
-    parse.__name__ = " \\| ".join(f"`{c}`" for c in choices)
-    return parse

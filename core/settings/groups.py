@@ -115,7 +115,7 @@ class TaskSettings(Group):
     """What tfdist tells a job's own processes (supervisor, coordinator, tasks, pods) through their
     environment. Never set by hand: the names and meanings are the wire between a kernel and a job image."""
 
-    title = "A job's processes and pods (written by tfdist)"
+    title = "A job's processes and pods"
     reader = (
         "Written by the kernel, the local supervisor or the Kubernetes manifests; read by the job's "
         "processes and pods. Listed so that a job image of another version can be checked against them."
