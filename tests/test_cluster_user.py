@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests import realnode
+from tests.test_k8s_tenancy import DEFAULT_CAPS
 from tfdist.kube import tenancy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,7 +148,8 @@ def test_the_printed_kubeconfig_acts_as_the_users_notebook_and_no_more(real_clus
         labels = c.get(f"/api/v1/namespaces/{ns}")["metadata"]["labels"]
         assert labels[tenancy.L_TENANT] == "true"
         assert c.get(f"/api/v1/namespaces/{ns}/resourcequotas/{tenancy.QUOTA}")["spec"]["hard"] == {
-            "requests.nvidia.com/gpu": "0"
+            "requests.nvidia.com/gpu": "0",
+            **DEFAULT_CAPS,  # counts and disks are capped by default
         }
         role = c.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{tenancy.NOTEBOOK_SA}")
         assert role["rules"] == tenancy.NOTEBOOK_RULES
