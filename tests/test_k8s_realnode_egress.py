@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import socket
 import sys
 import threading
@@ -148,15 +147,14 @@ def spawner_egress(kubeconfig: str, hub_api_url: str) -> dict[str, Any]:
         sp = TfdistKubeSpawner(user=FakeHubUser(name="x"), hub=hub, gpu_availability_enabled=False)
         return sp._egress_fields()
 
-    old = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = kubeconfig
+    import kubernetes_asyncio.config.kube_config as kc
+
+    old = kc.KUBE_CONFIG_DEFAULT_LOCATION  # read from $KUBECONFIG once, at import
+    kc.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig
     try:
         return asyncio.run(fields())
     finally:
-        if old is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = old
+        kc.KUBE_CONFIG_DEFAULT_LOCATION = old
 
 
 @pytest.fixture
@@ -201,8 +199,6 @@ def tenant_ns(real_cluster, tmp_path) -> Iterator[str]:
 
 def test_user_pod_reaches_only_dns_api_hub_and_its_namespace(real_cluster, tenant_ns, host_listeners):
     ns, node = tenant_ns, real_cluster.state["node_ip"]
-    pols = real_cluster.get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")["items"]
-    assert "tfdist-default-egress" in [p["metadata"]["name"] for p in pols]
     # another pod of the namespace, admitted by an ingress policy as a job's own policy would admit peers
     real_cluster.pod(ns, "peer", SERVE, labels={"app": "peer"})
     real_cluster.request(
@@ -240,3 +236,5 @@ def test_user_pod_reaches_only_dns_api_hub_and_its_namespace(real_cluster, tenan
     # and nothing else of the node or its link-local range, for 10 s of tries each
     for target in ("kubelet", "other_port", "metadata"):
         assert got[target].startswith("BLOCKED"), (target, why)
+    pols = real_cluster.get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")["items"]
+    assert "tfdist-default-egress" in [p["metadata"]["name"] for p in pols]
