@@ -138,7 +138,13 @@ def spawner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return make
 
 
-async def test_spawner_derives_api_server_and_hub_from_its_own_urls(spawner):
+async def test_spawner_derives_api_server_and_hub_from_its_own_urls(spawner, monkeypatch):
+    from tfdist.spawner.kube import TfdistKubeSpawner
+
+    # kubespawner loads one kubeconfig per process (lru_cache): whichever test came first; the hub's own
+    # client URL is what the mapping reads
+    assert spawner()._kube_api_url().startswith("https://")
+    monkeypatch.setattr(TfdistKubeSpawner, "_kube_api_url", lambda self: "https://10.99.0.1:6443")
     p = spawner().tenant_policy()
     assert p.egress_api_server == (Endpoint("10.99.0.1/32", 6443),)  # its kubeconfig's address
     assert p.egress_hub == (Endpoint("10.99.0.1/32", 8081),) and p.hub_port == 8081

@@ -134,8 +134,9 @@ def host_listeners(real_cluster) -> Iterator[dict[str, Listener]]:
         realnode.run("ip", "addr", "del", f"{METADATA_IP}/32", "dev", realnode.NODE_BRIDGE, check=False)
 
 
-def spawner_egress(kubeconfig: str, hub_api_url: str) -> dict[str, Any]:
-    """The egress fields TfdistKubeSpawner.tenant_policy() maps for a hub with this kubeconfig and URL."""
+def spawner_egress(kubeconfig: str, server: str, hub_api_url: str) -> dict[str, Any]:
+    """The egress fields TfdistKubeSpawner.tenant_policy() maps for a hub with this kubeconfig, API server
+    and URL."""
     sys.path.insert(0, str(Path(__file__).parent / "doubles"))
     from hub_objects import FakeHub, FakeHubUser
 
@@ -144,17 +145,22 @@ def spawner_egress(kubeconfig: str, hub_api_url: str) -> dict[str, Any]:
 
         hub = FakeHub()
         hub.api_url = hub_api_url
-        sp = TfdistKubeSpawner(user=FakeHubUser(name="x"), hub=hub, gpu_availability_enabled=False)
+        # k8s_api_host: kubespawner loads one kubeconfig per process, maybe another test's
+        sp = TfdistKubeSpawner(
+            user=FakeHubUser(name="x"), hub=hub, gpu_availability_enabled=False, k8s_api_host=server
+        )
         return sp._egress_fields()
 
     import kubernetes_asyncio.config.kube_config as kc
+    from kubernetes_asyncio.client import Configuration
 
-    old = kc.KUBE_CONFIG_DEFAULT_LOCATION  # read from $KUBECONFIG once, at import
-    kc.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig
+    old = kc.KUBE_CONFIG_DEFAULT_LOCATION, Configuration.get_default_copy()
+    kc.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig  # read from $KUBECONFIG once, at import
     try:
         return asyncio.run(fields())
-    finally:
-        kc.KUBE_CONFIG_DEFAULT_LOCATION = old
+    finally:  # kubespawner's load_config changed the process-wide default client configuration
+        kc.KUBE_CONFIG_DEFAULT_LOCATION = old[0]
+        Configuration.set_default(old[1])
 
 
 @pytest.fixture
@@ -169,7 +175,8 @@ def tenant_ns(real_cluster, tmp_path) -> Iterator[str]:
     user = f"egress-{uuid.uuid4().hex[:6]}"
     ns = f"tfdist-user-{user}"
     realnode.apply_admission_policy(real_cluster.client)
-    fields = spawner_egress(state["kubeconfig"], f"http://{state['node_ip']}:{HUB_PORT}/hub/api")
+    hub_url = f"http://{state['node_ip']}:{HUB_PORT}/hub/api"
+    fields = spawner_egress(state["kubeconfig"], state["server"], hub_url)
     policy = TenantPolicy(
         user=user,
         namespace=ns,
