@@ -227,6 +227,8 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
 def test_a_sigkilled_kernels_job_is_gone_within_90s(real_cluster, job_image, tenants, tmp_path):
     ann = tenants("dee")
     ns = ann.namespace
+    # the notebook pod owns the job, as in a real server, and stays up: only the lifeline can end the job
+    start_notebook_pod(real_cluster, ann)
     # the admin's shortest grace (the spawner's lifeline_grace_seconds): the cluster, not the kernel, ends it
     k = digits_kernel(ann, job_image, tmp_path, TFDIST_LIFELINE_GRACE_S="15")
     try:
