@@ -5,8 +5,6 @@ Older kernels and job images write and read these exact names: never rename one.
 reads them from an environment; other modules import a name here to write it for a child process.
 """
 
-from __future__ import annotations
-
 # The notebook server, written by the spawner (Settings).
 ENV_BACKEND = "TFDIST_BACKEND"  # "local" (default) or "kubernetes"
 ENV_NAMESPACE = "TFDIST_NAMESPACE"  # Kubernetes namespace for job objects
