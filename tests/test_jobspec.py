@@ -50,7 +50,10 @@ def test_tf_config_refuses_clusters_that_cannot_train():
         ({"name": "x" * 60}, 0, "is not valid"),
         ({"backend": "slurm"}, 0, "is unknown"),
         ({"cpu": 0.0}, 0, "--cpu must be"),
-        ({"timeout_s": -1.0}, 0, "--timeout must be positive"),
+        ({"timeout_s": -1.0}, 0, "--timeout must be a positive number of seconds"),
+        ({"timeout_s": float("nan")}, 0, "--timeout must be a positive number of seconds"),  # never fires
+        ({"timeout_s": float("inf")}, 0, "--timeout must be a positive number of seconds"),
+        ({"cpu": float("nan")}, 0, "--cpu must be"),
         ({"base_port": 80}, 0, "out of range"),
         ({"workers": 300}, 0, "more than the limit"),
     ],
