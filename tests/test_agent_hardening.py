@@ -15,18 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_agent_signing import TOKEN, free_port
 from tfdist.errors import BackendUnavailable
 from tfdist.kube import signing
 from tfdist.kube.agent_client import AgentClient
 from tfdist.runtime.agent import AgentState, serve
-
-TOKEN = "job-token-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from tests import kube_plane, realnode
+from tests.test_k8s_tenancy import _token
 from tfdist.kube import tenancy
 from tfdist.kube.apply import prepare_user_namespace
 
@@ -53,18 +54,6 @@ def _call(plane, token: str, method: str, path: str, body: dict | None = None) -
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
-
-
-def _token(plane, ns: str, sa: str) -> str:
-    return plane.request(
-        "POST",
-        f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
-        {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 900},
-        },
-    )["status"]["token"]
 
 
 def _service(name: str, external_ips: list[str] | None = None, port: int = 6443) -> dict:
