@@ -68,7 +68,8 @@ class Tenant:
     notebook_uid: str = ""
 
 
-def make_tenant(cluster: Any, prefix: str, workdir: Path) -> Tenant:
+def make_tenant(cluster: Any, prefix: str, workdir: Path, **policy: Any) -> Tenant:
+    """`policy`: TenantPolicy fields that differ from the tests' small CPU-only profile (egress, ...)."""
     from tfdist.kube.apply import setup_user
     from tfdist.kube.tenancy import TenantPolicy
 
@@ -86,6 +87,7 @@ def make_tenant(cluster: Any, prefix: str, workdir: Path) -> Tenant:
         pods_quota=16,
         default_cpu="100m",
         default_memory="128Mi",
+        **policy,
     )
     ca = base64.b64encode(Path(state["ca_file"]).read_bytes()).decode()
 

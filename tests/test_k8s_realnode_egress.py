@@ -14,12 +14,10 @@ API's stand-in) and another pod of the namespace: all reached.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import socket
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests import realnode
+from tests.realnode_jobs import drop_tenant, make_tenant
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 
@@ -166,42 +165,14 @@ def spawner_egress(kubeconfig: str, server: str, hub_api_url: str) -> dict[str, 
 @pytest.fixture
 def tenant_ns(real_cluster, tmp_path) -> Iterator[str]:
     """A user namespace prepared as the spawner prepares it (egress from the spawner's own mapping)."""
-    from kubernetes_asyncio import client, config
-
-    from tfdist.kube.apply import setup_user
-    from tfdist.kube.tenancy import TenantPolicy
-
     state = real_cluster.state
-    user = f"egress-{uuid.uuid4().hex[:6]}"
-    ns = f"tfdist-user-{user}"
-    realnode.apply_admission_policy(real_cluster.client)
     hub_url = f"http://{state['node_ip']}:{HUB_PORT}/hub/api"
     fields = spawner_egress(state["kubeconfig"], state["server"], hub_url)
-    policy = TenantPolicy(
-        user=user,
-        namespace=ns,
-        gpu_quota={"nvidia.com/gpu": 0},
-        pods_quota=8,
-        default_cpu="100m",
-        default_memory="128Mi",
-        **fields,
-    )
-    ca = base64.b64encode(Path(state["ca_file"]).read_bytes()).decode()
-
-    async def prepare() -> None:
-        cfg = client.Configuration()
-        await config.load_kube_config(config_file=state["kubeconfig"], client_configuration=cfg)
-        async with client.ApiClient(cfg) as api:
-            await setup_user(api, user, ns, server=state["server"], ca_data_b64=ca, policy=policy)
-
-    asyncio.run(prepare())
+    tenant = make_tenant(real_cluster, "egress", tmp_path, **fields)
     try:
-        yield ns
+        yield tenant.namespace
     finally:
-        try:
-            real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
-        except Exception:  # the cluster may be down already
-            pass
+        drop_tenant(real_cluster, tenant)
 
 
 def test_user_pod_reaches_only_dns_api_hub_and_its_namespace(real_cluster, tenant_ns, host_listeners):
