@@ -7,7 +7,6 @@ and the lab panel fold the same events into their own copy. A pure reducer: no I
 from __future__ import annotations
 
 import collections
-import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,92 +14,37 @@ from typing import Any
 
 from . import events
 from .events import Event, LogEvent, MetricsEvent, ProgressEvent, SnapshotEvent, StateEvent, TaskEvent
+from .job.vocab import (
+    LIVE_TASK_STATES,
+    SENTENCES,
+    STARTED_TASK_STATES,
+    TERMINAL,
+    FailureKind,
+    JobState,
+    Reason,
+    TaskState,
+)
 from .jobrecords import JobSummary
 
-TERMINAL = ("succeeded", "failed", "stopped")
+__all__ = ["LIVE_TASK_STATES", "SENTENCES", "TERMINAL", "JobView", "Reason", "final_task_state", "reason_for"]
+
 METRICS_KEEP = 600  # ten minutes at 1 Hz
 LOG_KEEP = 400
-# A task in one of these is alive (or may still become so); a finished job has none of them left.
-LIVE_TASK_STATES = ("pending", "starting", "running", "restarting", "unschedulable", "image-error")
-
-
-class Reason(str, enum.Enum):
-    """Why a job ended: one vocabulary for the cell's monitor, `%tfdist list/status` and the lab panel.
-
-    Carried as `reason` in the final state event and in state.json; `sentence()` is what users read.
-    """
-
-    FINISHED = "finished"
-    INTERRUPTED = "interrupted"  # the cell was interrupted (the kernel stopped the job)
-    STOPPED = "stopped"  # %tfdist stop, the jobs panel's Stop
-    SIGNALLED = "signalled"  # the supervisor got SIGTERM/SIGINT/SIGHUP (the server shutting down)
-    KERNEL_GONE = "kernel-gone"
-    KERNEL_GONE_MEMORY = "kernel-gone-memory"  # gone while the server's memory was nearly full
-    KERNEL_OOM = "kernel-oom"  # the memory cgroup's OOM killer fired as the kernel went
-    STARTUP_TIMEOUT = "startup-timeout"
-    STARTUP_FAILED = "startup-failed"
-    CELL_ERROR = "cell-error"
-    COORDINATOR_DIED = "coordinator-died"
-    PS_LOST = "ps-lost"
-    TASK_FAILED = "task-failed"
-    OUT_OF_MEMORY = "out-of-memory"  # the job was stopped before the server's memory limit
-    LOST = "lost"  # nobody recorded how it ended (the supervisor died, the watch broke)
-    INTERNAL = "internal-error"
-
-    def sentence(self) -> str:
-        return SENTENCES[self]
-
-    @classmethod
-    def parse(cls, value: Any, default: Reason | None = None) -> Reason | None:
-        try:
-            return cls(value)
-        except ValueError:
-            return default
-
-
-SENTENCES: dict[Reason, str] = {
-    Reason.FINISHED: "finished",
-    Reason.INTERRUPTED: "interrupted from the notebook",
-    Reason.STOPPED: "stopped by request (%tfdist stop or Stop in the jobs panel)",
-    Reason.SIGNALLED: "stopped: the job's supervisor was told to end (the server shutting down?)",
-    Reason.KERNEL_GONE: "the notebook kernel that started this job went away",
-    Reason.KERNEL_GONE_MEMORY: "the notebook kernel went away (it may have run out of memory)",
-    Reason.KERNEL_OOM: "the notebook kernel was killed: the server ran out of memory",
-    Reason.STARTUP_TIMEOUT: "not started within --timeout",
-    Reason.STARTUP_FAILED: "a task failed while starting",
-    Reason.CELL_ERROR: "the cell raised an exception on the coordinator",
-    Reason.COORDINATOR_DIED: "the coordinator process died",
-    Reason.PS_LOST: "a parameter server was lost",
-    Reason.TASK_FAILED: "a task failed",
-    Reason.OUT_OF_MEMORY: "stopped: the server's memory was nearly full",
-    Reason.LOST: "the job ended without recording how",
-    Reason.INTERNAL: "tfdist's own error",
-}
-
-# The error types each backend records, for events that carry no reason (older jobs' state.json).
-_ERROR_REASONS = {
-    "StartupError": Reason.STARTUP_FAILED,
-    "StartupTimeout": Reason.STARTUP_TIMEOUT,
-    "Unschedulable": Reason.STARTUP_TIMEOUT,
-    "ParameterServerLost": Reason.PS_LOST,
-    "OutOfMemory": Reason.OUT_OF_MEMORY,
-    "CoordinatorExit": Reason.COORDINATOR_DIED,
-    "PodFailed": Reason.TASK_FAILED,
-}
 
 
 def reason_for(state: str, error: dict[str, Any] | None = None, stop: Reason | None = None) -> Reason:
     """The reason of a terminal state when the event did not name one."""
-    if state == "succeeded":
+    if state == JobState.SUCCEEDED:
         return Reason.FINISHED
-    if state == "stopped":
+    if state == JobState.STOPPED:
         return stop or Reason.STOPPED
     err = error or {}
     named = Reason.parse(err.get("reason"))
     if named is not None:
         return named
-    if err.get("type") in _ERROR_REASONS:
-        return _ERROR_REASONS[err["type"]]
+    kind = FailureKind.parse(err.get("type"))
+    if kind is not None and kind.reason is not None:
+        return kind.reason
     return Reason.CELL_ERROR if err.get("traceback") else Reason.LOST
 
 
@@ -108,9 +52,9 @@ def final_task_state(job_state: str, task_state: str) -> str:
     """What a task that was still live is once its job has ended: never "running" in a finished job."""
     if task_state not in LIVE_TASK_STATES:
         return task_state
-    if task_state == "pending":
-        return "not started"
-    return "exited" if job_state == "succeeded" else "stopped"
+    if task_state == TaskState.PENDING:
+        return TaskState.NOT_STARTED.value
+    return (TaskState.EXITED if job_state == JobState.SUCCEEDED else TaskState.STOPPED).value
 
 
 @dataclass
@@ -138,11 +82,7 @@ class JobView:
 
     @property
     def started_tasks(self) -> int:
-        return sum(
-            1
-            for t in self.tasks.values()
-            if t.get("state") in ("running", "restarting", "exited-ok", "exited", "stopped")
-        )
+        return sum(1 for t in self.tasks.values() if t.get("state") in STARTED_TASK_STATES)
 
     @property
     def finished(self) -> bool:
