@@ -2,31 +2,30 @@
 
 Use it as the hub's config file (``jupyterhub -f hub_config/jupyterhub_config.py``) or paste the part
 below the marker into z2jh's ``hub.extraConfig`` (hub_config/values.yaml does that). Settings come from
-the environment so one file serves every deployment:
-
-  TFDIST_PROFILES        the profiles YAML (default: profiles.yaml next to this file)
-  TFDIST_WORKER_IMAGE    image of %%tfdist worker pods (default: the notebook's own image)
-  TFDIST_NOTEBOOK_SA     service account of notebook pods (created with its Role in each user namespace)
+the environment so one file serves every deployment, read through `tfdist.settings.KubeHubSettings`
+(TFDIST_PROFILES, TFDIST_WORKER_IMAGE, TFDIST_EGRESS_API_SERVER, TFDIST_GPU_ADMIN*; every one with its
+default in docs/configuration.md). Notebook pods run as the spawner's service account, `tfdist-notebook`,
+which it creates with its Role in each user namespace.
 
 A broken profiles file stops the hub here with "file: key: reason" lines (exit status 2).
 """
 
 import os
 
+from tfdist.settings import KubeHubSettings
 from tfdist.spawner.profiles import load_profiles_or_exit
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
 # ---- tfdist (z2jh: hub.extraConfig) ------------------------------------------------------------------
-PROFILES = os.environ.get("TFDIST_PROFILES") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "profiles.yaml"
-)
+hub_settings = KubeHubSettings()
+PROFILES = hub_settings.profiles or os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles.yaml")
 load_profiles_or_exit(PROFILES)
 
 c.JupyterHub.spawner_class = "tfdist.spawner.kube.TfdistKubeSpawner"
 c.TfdistKubeSpawner.profiles_file = PROFILES
-c.TfdistKubeSpawner.worker_image = os.environ.get("TFDIST_WORKER_IMAGE", "")
-c.TfdistKubeSpawner.service_account = os.environ.get("TFDIST_NOTEBOOK_SA", "tfdist-notebook")
+c.TfdistKubeSpawner.worker_image = hub_settings.worker_image
+c.TfdistKubeSpawner.egress_api_server = list(hub_settings.egress_api_server)
 # free GPUs per model in the form: one cluster-wide node+pod watch (RBAC: rbac-hub-gpu-view.yaml)
 c.TfdistKubeSpawner.gpu_availability_enabled = True
 # kubespawner's own profile_list stays empty: the tfdist form replaces it
@@ -44,15 +43,15 @@ c.KubeSpawner.start_timeout = 600
 # z2jh: expose port 10101 of the hub (hub.service.extraPorts, hub.networkPolicy.ingress for the proxy).
 # Notebook servers push their GPU activity to it through the proxy (TFDIST_GPU_ADMIN_PUBLIC_URL, or the
 # whole URL in TFDIST_GPU_ADMIN_REPORT_URL): singleuser egress must reach proxy-public.
-if os.environ.get("TFDIST_GPU_ADMIN", "1") != "0":
+if hub_settings.gpu_admin:
     from tfdist.hubadmin.hubconfig import enable_gpu_admin
 
     enable_gpu_admin(
         c,
         profiles=PROFILES,
-        public_url=os.environ.get("TFDIST_GPU_ADMIN_PUBLIC_URL", "http://proxy-public"),
-        ip=os.environ.get("TFDIST_GPU_ADMIN_HOST", "hub"),
+        public_url=hub_settings.gpu_admin_public_url,
+        ip=hub_settings.gpu_admin_host,
         bind_ip="0.0.0.0",
         port=10101,
-        servers_report_to=os.environ.get("TFDIST_GPU_ADMIN_REPORT_URL") or None,
+        servers_report_to=hub_settings.gpu_admin_report_url,
     )

@@ -7,6 +7,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from tfdist.settings import (
     AdminSettings,
     HubSettings,
     KernelSettings,
+    KubeHubSettings,
     LabSettings,
     SettingsError,
     TaskSettings,
@@ -23,7 +25,9 @@ from tfdist.settings import (
 from tfdist.settings.reference import render
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "spawner", "kernel_magics", "labserver", "hubadmin")
+# the product's packages and the hub config files JupyterHub loads (hub_config/*.py). Outside them only the
+# development tools read variables of their own (TFDIST_CACHE, TFDIST_REALNODE, ...: docs/contributing.md).
+PACKAGES = ("core", "spawner", "kernel_magics", "labserver", "hubadmin", "hub_config")
 SETTINGS_DIR = ROOT / "core" / "settings"
 
 
@@ -149,6 +153,85 @@ h = os.environ.get("HOME")
     assert environ_reads(tree, _known_names([tree])) == [6, 7, 8, 9, 10, 11, 14]
 
 
+def test_the_hub_config_files_are_walked():
+    walked = {p.relative_to(ROOT).as_posix() for p in _sources()}
+    assert {"hub_config/jupyterhub_config.py", "hub_config/local_hub_config.py"} <= walked
+
+
+# ---- the hub config files, loaded as JupyterHub loads them -------------------------------------------------
+
+HUB_VARS = {v.name for g in (HubSettings, KubeHubSettings) for v in g.variables()}
+
+
+def _load_config(name: str, monkeypatch: pytest.MonkeyPatch, **env: str) -> Any:
+    from traitlets.config.loader import PyFileConfigLoader
+
+    for var in HUB_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    return PyFileConfigLoader(name, path=str(ROOT / "hub_config")).load_config()
+
+
+def test_the_kubernetes_hub_config_takes_its_defaults(monkeypatch):
+    c = _load_config("jupyterhub_config.py", monkeypatch)
+    spawner = c.TfdistKubeSpawner
+    assert spawner.profiles_file == str(ROOT / "hub_config" / "profiles.yaml")
+    assert (spawner.worker_image, spawner.egress_api_server) == ("", [])
+    [service] = c.JupyterHub.services
+    assert service["url"] == "http://hub:10101"
+    assert c.GpuFormMixin.gpu_admin_report_url == "http://proxy-public/services/tfdist-gpu-admin/api/report"
+
+
+def test_the_kubernetes_hub_config_reads_the_environment_through_the_settings(monkeypatch, tmp_path):
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text((ROOT / "hub_config" / "profiles.yaml").read_text())
+    c = _load_config(
+        "jupyterhub_config.py",
+        monkeypatch,
+        TFDIST_PROFILES=str(profiles),
+        TFDIST_WORKER_IMAGE="registry.example.org/job:1",
+        TFDIST_EGRESS_API_SERVER="10.0.0.10:6443  10.0.0.11:6443",
+        TFDIST_GPU_ADMIN_HOST="hub.jhub.svc",
+        TFDIST_GPU_ADMIN_REPORT_URL="http://proxy.example/services/tfdist-gpu-admin/api/report",
+    )
+    spawner = c.TfdistKubeSpawner
+    assert (spawner.profiles_file, spawner.worker_image) == (str(profiles), "registry.example.org/job:1")
+    assert spawner.egress_api_server == ["10.0.0.10:6443", "10.0.0.11:6443"]
+    assert c.JupyterHub.services[0]["url"] == "http://hub.jhub.svc:10101"
+    assert c.GpuFormMixin.gpu_admin_report_url == "http://proxy.example/services/tfdist-gpu-admin/api/report"
+    assert (
+        "services" not in _load_config("jupyterhub_config.py", monkeypatch, TFDIST_GPU_ADMIN="0").JupyterHub
+    )
+
+
+def test_the_local_hub_config_reads_the_environment_through_the_settings(monkeypatch, tmp_path):
+    c = _load_config(
+        "local_hub_config.py",
+        monkeypatch,
+        TFDIST_HUB_PASSWORD="a long password",
+        TFDIST_HUB_STATE_DIR=str(tmp_path / "hub"),
+        TFDIST_HUB_PORT="8123",
+    )
+    assert (c.JupyterHub.port, c.SharedPasswordAuthenticator.user_password) == (8123, "a long password")
+    assert c.JupyterHub.db_url == f"sqlite:///{tmp_path / 'hub' / 'jupyterhub.sqlite'}"
+    assert c.TfdistLocalSpawner.profiles_file.endswith("profiles-local.yaml")  # the packaged profiles
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({}, "set TFDIST_HUB_PASSWORD"),
+        ({"TFDIST_HUB_PASSWORD": "a long password", "TFDIST_HUB_PORT": "eighty"}, "TFDIST_HUB_PORT='eighty'"),
+    ],
+)
+def test_the_local_hub_config_stops_with_a_sentence(monkeypatch, tmp_path, env, said):
+    with pytest.raises(SystemExit) as e:
+        _load_config("local_hub_config.py", monkeypatch, TFDIST_HUB_STATE_DIR=str(tmp_path / "hub"), **env)
+    assert said in str(e.value)
+    assert not (tmp_path / "hub").exists()  # it stopped before writing anything
+
+
 # ---- the groups --------------------------------------------------------------------------------------
 
 
@@ -173,6 +256,14 @@ def test_defaults_are_today_s():
     assert (hub.port, hub.state_dir, hub.password) == (8000, None, None)
     assert hub.state_base().endswith(".local/share/tfdist-hub")
     assert (admin.bind, admin.period_s, admin.local_gpus) == (None, None, False)
+    kube = KubeHubSettings({})
+    assert (kube.profiles, kube.worker_image, kube.egress_api_server, kube.gpu_admin) == (None, "", (), True)
+    assert (kube.gpu_admin_public_url, kube.gpu_admin_host, kube.gpu_admin_report_url) == (
+        "http://proxy-public",
+        "hub",
+        None,
+    )
+    assert hub.profiles is None
 
 
 def test_values_are_parsed():
@@ -200,6 +291,16 @@ def test_values_are_parsed():
     assert (k.pool_memory, k.fork_tasks, k.pool_size) == (1500 * 2**20, True, 0)  # only "0" stops forking
     assert not KernelSettings({names.ENV_FORK_TASKS: "0"}).fork_tasks
     assert not TaskSettings({names.ENV_NETNS: "yes"}).netns  # only "1" is on, as the supervisor read it
+    assert KubeHubSettings(
+        {names.ENV_EGRESS_API_SERVER: " 10.0.0.10:6443\t10.0.0.11:443 "}
+    ).egress_api_server == (
+        "10.0.0.10:6443",
+        "10.0.0.11:443",
+    )
+    assert not KubeHubSettings({names.ENV_GPU_ADMIN: "0"}).gpu_admin
+    assert KubeHubSettings(
+        {names.ENV_GPU_ADMIN: "no"}
+    ).gpu_admin  # only "0" turns it off, as the config read it
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
 """The one reader of tfdist's ``TFDIST_*`` environment variables, in typed groups.
 
 * `Settings` (pydantic-settings, `server`): what the spawner hands each notebook server.
-* `KernelSettings`, `TaskSettings`, `LabSettings`, `HubSettings`, `AdminSettings` (plain, `groups`): the
-  admin's knobs, a job's own processes and pods, the lab server, the embedded hub, the GPU admin service.
+* `KernelSettings`, `TaskSettings`, `LabSettings`, `HubSettings`, `KubeHubSettings`, `AdminSettings` (plain,
+  `groups`): the admin's knobs, a job's own processes and pods, the lab server, the embedded hub and its
+  config file, the Kubernetes hub's config file (hub_config/), the GPU admin service.
 
 Every variable's name is a constant in `names` (re-exported here). No other module reads a ``TFDIST_*``
 variable from ``os.environ`` (tests/test_settings_reference.py checks it); docs/configuration.md is
@@ -25,6 +26,7 @@ from .groups import (
     AdminSettings,
     HubSettings,
     KernelSettings,
+    KubeHubSettings,
     LabSettings,
     TaskSettings,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "Group",
     "HubSettings",
     "KernelSettings",
+    "KubeHubSettings",
     "LabSettings",
     "Settings",
     "SettingsError",

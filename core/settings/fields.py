@@ -136,6 +136,14 @@ def json_object(raw: str) -> dict[str, Any]:
 json_object.__name__ = "JSON object"
 
 
+def words(raw: str) -> tuple[str, ...]:
+    """Space-separated values (a chart's --set writes one string, not a list)."""
+    return tuple(raw.split())
+
+
+words.__name__ = "space-separated list"
+
+
 def digits(raw: str) -> int:
     """A count written as digits only (a sign, a point or a unit is not one)."""
     if not raw.strip().isdigit():

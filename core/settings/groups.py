@@ -10,7 +10,7 @@ import math
 import os
 
 from . import names as n
-from .fields import Group, Var, byte_size, digits, flag_1, json_object
+from .fields import Group, Var, byte_size, digits, flag_1, json_object, words
 
 DEFAULT_AGENT_PORT = 8470
 DEFAULT_RETENTION_S = 24 * 3600.0
@@ -233,7 +233,10 @@ class HubSettings(Group):
     """The embedded hub's (`tfdist-local-hub` and `TfdistLocalSpawner`)."""
 
     title = "Embedded hub"
-    reader = "Read by `tfdist-local-hub` (defaults of its flags) and `TfdistLocalSpawner`."
+    reader = (
+        "Read by `tfdist-local-hub` (defaults of its flags), `TfdistLocalSpawner` and "
+        "`hub_config/local_hub_config.py`."
+    )
     broken = "The hub's tfdist settings are broken"
 
     port = Var(n.ENV_HUB_PORT, int, DEFAULT_HUB_PORT, "`tfdist-local-hub --port`'s default.", ge=1, le=65535)
@@ -252,9 +255,72 @@ class HubSettings(Group):
         "`tfdist-local-hub --password`'s default: the users' shared password; unset: generated, printed.",
         type_name="str",
     )
+    profiles = Var(
+        n.ENV_PROFILES,
+        str,
+        None,
+        "`hub_config/local_hub_config.py`: the profiles YAML; unset: the packaged single-machine profiles.",
+        type_name="str",
+    )
 
     def state_base(self) -> str:
         return self.state_dir or os.path.join(os.path.expanduser("~"), ".local", "share", "tfdist-hub")
+
+
+class KubeHubSettings(Group):
+    """The Kubernetes hub's config file (`hub_config/jupyterhub_config.py`, or z2jh's `hub.extraConfig`)."""
+
+    title = "Kubernetes hub"
+    reader = (
+        "Read by `hub_config/jupyterhub_config.py` when JupyterHub loads it (z2jh: `hub.extraEnv`), "
+        "which hands them to `TfdistKubeSpawner` and the GPU admin service."
+    )
+    broken = "The hub's tfdist settings are broken"
+
+    profiles = Var(
+        n.ENV_PROFILES,
+        str,
+        None,
+        "The profiles YAML; unset: `profiles.yaml` next to the config file.",
+        type_name="str",
+    )
+    worker_image = Var(
+        n.ENV_WORKER_IMAGE,
+        str,
+        "",
+        "Image of `%%tfdist` pods (`c.TfdistKubeSpawner.worker_image`); unset: the notebook's own image.",
+    )
+    egress_api_server = Var(
+        n.ENV_EGRESS_API_SERVER,
+        words,
+        (),
+        "The API server as user namespaces' pods reach it, `ADDRESS:PORT` each "
+        "(`c.TfdistKubeSpawner.egress_api_server`); unset: the hub's own API server address, which a "
+        "hub in a pod cannot see.",
+    )
+    gpu_admin = Var(
+        n.ENV_GPU_ADMIN,
+        _on_unless_0,
+        True,
+        "`0`: no GPU admin service (GPU-idle culling, the admins' GPU page, metrics); any other value "
+        "keeps it.",
+    )
+    gpu_admin_public_url = Var(
+        n.ENV_GPU_ADMIN_PUBLIC_URL,
+        str,
+        "http://proxy-public",
+        "How notebook servers reach the GPU admin service: the proxy's URL.",
+    )
+    gpu_admin_host = Var(
+        n.ENV_GPU_ADMIN_HOST, str, "hub", "How the proxy reaches the GPU admin service: the hub's Service."
+    )
+    gpu_admin_report_url = Var(
+        n.ENV_GPU_ADMIN_REPORT_URL,
+        str,
+        None,
+        "The whole URL servers push their GPU activity to; unset: the public URL's service path.",
+        type_name="str",
+    )
 
 
 class AdminSettings(Group):
@@ -284,5 +350,20 @@ class AdminSettings(Group):
     )
 
 
-GROUPS: tuple[type[Group], ...] = (KernelSettings, TaskSettings, LabSettings, HubSettings, AdminSettings)
-__all__ = ["GROUPS", "AdminSettings", "HubSettings", "KernelSettings", "LabSettings", "TaskSettings"]
+GROUPS: tuple[type[Group], ...] = (
+    KernelSettings,
+    TaskSettings,
+    LabSettings,
+    HubSettings,
+    KubeHubSettings,
+    AdminSettings,
+)
+__all__ = [
+    "GROUPS",
+    "AdminSettings",
+    "HubSettings",
+    "KernelSettings",
+    "KubeHubSettings",
+    "LabSettings",
+    "TaskSettings",
+]

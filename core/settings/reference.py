@@ -32,7 +32,7 @@ def _cell(text: str) -> str:
 
 
 def _default(value: Any) -> str:
-    if value is None or value == "":
+    if value is None or value == "" or value == ():
         return "unset"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
