@@ -31,6 +31,8 @@ __all__ = [
     "ImageChoice",
     "IntRange",
     "JobLimits",
+    "KueueQueue",
+    "KueueQueues",
     "Profile",
     "ProfilesConfig",
     "ProfilesFileError",
@@ -205,6 +207,47 @@ class JobLimits(_Strict):
         return self
 
 
+class KueueQueue(_Strict):
+    """One Kueue ClusterQueue (per team or profile): the nominal quota of all jobs queued in it together
+    (tfdist.kube.queueing turns it into Kueue's objects). Unset cpu or memory: no cap on it."""
+
+    cpu: float | None = Field(None, gt=0)
+    memory_gib: float | None = Field(None, gt=0)
+    #: GPUs (or MIG slices) per GPU model key of gpu_models: one Kueue ResourceFlavor per model
+    gpus: dict[str, int] = Field(default_factory=dict)
+    #: GPUs per model it may borrow beyond its own from the cohort's idle quota (None: all that is idle;
+    #: 0: never borrows); cpu and memory are borrowed freely
+    borrowing_limit_gpus: int | None = Field(None, ge=0, strict=True)
+
+    @model_validator(mode="after")
+    def _values(self) -> KueueQueue:
+        for name in ("cpu", "memory_gib"):
+            v = getattr(self, name)
+            if v is not None:
+                _finite(v, name)
+        for key, n in self.gpus.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"gpus.{key} must be a whole number of GPUs, 0 or more")
+        return self
+
+
+class KueueQueues(_Strict):
+    """Kubernetes with Kueue: the queues profiles name in ``kueue_queue`` (a LocalQueue of that name in each
+    user's namespace feeds the ClusterQueue of that name); all of them share one cohort, so a queue may
+    borrow what another leaves idle."""
+
+    cohort: str = Field("tfdist", pattern=f"^{_SLUG}$")
+    queues: dict[str, KueueQueue] = Field(min_length=1)
+
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, v: dict[str, KueueQueue]) -> dict[str, KueueQueue]:
+        for key in v:
+            if not re.fullmatch(_SLUG, key):
+                raise ValueError(f"queue name {key!r} must be lowercase letters, digits and '-'")
+        return v
+
+
 class Profile(_Strict):
     """What one group of users may choose."""
 
@@ -273,6 +316,8 @@ class ProfilesConfig(_Strict):
     profiles: list[Profile] = Field(min_length=1)
     #: hub admins' GPU section (GPU-idle culling per profile): tfdist.hubadmin.config
     gpu_admin: GpuAdmin = Field(default_factory=GpuAdmin)
+    #: Kueue's queues and their quota (docs/queueing.md); unset: kueue_queue is only a label
+    kueue: KueueQueues | None = None
 
     @field_validator("gpu_models")
     @classmethod
@@ -295,7 +340,23 @@ class ProfilesConfig(_Strict):
                         f"profile {p.slug!r} offers GPU model {m!r}, which gpu_models does not define"
                     )
         self.gpu_admin.check_references(seen)
+        self._queue_references()
         return self
+
+    def _queue_references(self) -> None:
+        if self.kueue is None:
+            return
+        for name, q in self.kueue.queues.items():
+            for m in q.gpus:
+                if m not in self.gpu_models:
+                    raise ValueError(
+                        f"queue {name!r} has quota for GPU model {m!r}, which gpu_models does not define"
+                    )
+        for p in self.profiles:
+            if p.kueue_queue is not None and p.kueue_queue not in self.kueue.queues:
+                raise ValueError(
+                    f"profile {p.slug!r} names kueue_queue {p.kueue_queue!r}, not a queue of kueue.queues"
+                )
 
     def profile(self, slug: str) -> Profile | None:
         for p in self.profiles:
