@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,44 @@ class GpuInfo:
         (CUDA accepts only UUIDs for MIG devices)."""
         return self.uuid if self.mig_profile else str(self.index)
 
+
+#: why a utilization is None: "mig" (a MIG instance, or a GPU in MIG mode: NVML answers NOT_SUPPORTED there,
+#: per-instance activity exists only in DCGM's profiling metrics), "not-supported" (NVML says so for this
+#: GPU), "error" (NVML failed: a lost GPU, a driver error), "no-device" (no such GPU or NVML at all)
+UtilMissing = Literal["mig", "not-supported", "error", "no-device"]
+
+#: what each reason means in words (the monitor, the admin page and the culler's notice say it so)
+UTIL_MISSING_TEXT: dict[str, str] = {
+    "mig": "not measurable on a MIG instance (NVML has no per-instance utilization)",
+    "not-supported": "not measurable on this GPU (NVML: not supported)",
+    "error": "not read (NVML error)",
+    "no-device": "no such GPU",
+}
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """One reading of one device. `util` is None exactly when `util_missing` says why: never a made-up 0,
+    never the parent GPU's value for a MIG instance. Memory is read on its own (a MIG instance has it)."""
+
+    util: float | None
+    mem_used_mib: float | None
+    mem_total_mib: float | None
+    util_missing: UtilMissing | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The sample's JSON keys (nvitop's layout, units in the names); ``util_missing`` only when set."""
+        out: dict[str, Any] = {
+            "util (%)": self.util,
+            "mem_used (MiB)": self.mem_used_mib,
+            "mem_total (MiB)": self.mem_total_mib,
+        }
+        if self.util_missing is not None:
+            out["util_missing"] = self.util_missing
+        return out
+
+
+NO_DEVICE = GpuUsage(None, None, None, "no-device")
 
 # "NVIDIA A100-SXM4-80GB MIG 1g.10gb": what NVML names a MIG device
 _MIG_NAME = re.compile(r"^(?P<parent>.*?)\s*MIG\s+(?P<profile>\d+g\.\d+gb)\b")
@@ -110,8 +148,9 @@ class Nvml:
             return None
         if current != getattr(lib, "NVML_DEVICE_MIG_ENABLE", 1):
             return None
-        parent = self.info(index)
-        if parent is None:
+        try:  # the name only: the whole GPU's memory needs privileges in MIG mode (NO_PERMISSION)
+            parent = _text(lib.nvmlDeviceGetName(h))
+        except Exception:
             return []
         out = []
         try:
@@ -130,7 +169,7 @@ class Nvml:
             except Exception:
                 continue
             if profile:
-                out.append(GpuInfo(index, parent.name, uuid, mem, mig_profile=profile))
+                out.append(GpuInfo(index, parent, uuid, mem, mig_profile=profile))
         return out
 
     def _mig_profile(self, mig: Any) -> str:
@@ -157,23 +196,61 @@ class Nvml:
                 out.append(g)
         return out
 
-    def usage(self, index: int) -> dict[str, float | None]:
-        """Utilization and memory now (nvidia-smi's utilization.gpu, memory.used, memory.total)."""
-        out: dict[str, float | None] = {
-            "util (%)": None,
-            "mem_used (MiB)": None,
-            "mem_total (MiB)": None,
-        }
-        h = self._handles.get(index)
+    def _mig_handle(self, device: GpuInfo) -> Any:
+        """The NVML handle of MIG instance `device`, found among its parent's instances by UUID (works on
+        every driver; nvmlDeviceGetHandleByUUID takes MIG UUIDs only from R470 on)."""
+        h = self._handles.get(device.index)
         if h is None:
-            return out
+            return None
+        lib = self._lib
         try:
-            util = self._lib.nvmlDeviceGetUtilizationRates(h)
-            mem = self._lib.nvmlDeviceGetMemoryInfo(h)
+            slots = lib.nvmlDeviceGetMaxMigDeviceCount(h)
         except Exception:
-            return out
-        return {
-            "util (%)": float(util.gpu),
-            "mem_used (MiB)": mem.used / 2**20,
-            "mem_total (MiB)": mem.total / 2**20,
-        }
+            return None
+        for slot in range(slots):
+            try:
+                m = lib.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+                if _text(lib.nvmlDeviceGetUUID(m)) == device.uuid:
+                    return m
+            except Exception:
+                continue
+        return None
+
+    def _is_mig_mode(self, h: Any) -> bool:
+        try:
+            current, _pending = self._lib.nvmlDeviceGetMigMode(h)
+        except Exception:
+            return False
+        return bool(current == getattr(self._lib, "NVML_DEVICE_MIG_ENABLE", 1))
+
+    def read(self, device: int | GpuInfo) -> GpuUsage:
+        """Utilization and memory now (nvidia-smi's utilization.gpu, memory.used, memory.total) of a whole
+        GPU (its index, or its GpuInfo) or of one MIG instance (its GpuInfo): memory is the instance's own,
+        utilization is None with `util_missing` "mig", as NVML cannot measure it there."""
+        mig = isinstance(device, GpuInfo) and bool(device.mig_profile)
+        index = device.index if isinstance(device, GpuInfo) else device
+        if self._lib is None or index not in self._handles:
+            return NO_DEVICE
+        h = self._mig_handle(device) if isinstance(device, GpuInfo) and mig else self._handles[index]
+        if h is None:
+            return NO_DEVICE
+        used = total = None
+        try:
+            mem = self._lib.nvmlDeviceGetMemoryInfo(h)
+            used, total = mem.used / 2**20, mem.total / 2**20
+        except Exception:  # e.g. NO_PERMISSION on a GPU in MIG mode for an unprivileged caller
+            pass
+        if mig or self._is_mig_mode(h):
+            return GpuUsage(None, used, total, "mig")
+        try:
+            return GpuUsage(float(self._lib.nvmlDeviceGetUtilizationRates(h).gpu), used, total)
+        except Exception as e:
+            code = getattr(e, "value", None)
+            why: UtilMissing = (
+                "not-supported" if code == getattr(self._lib, "NVML_ERROR_NOT_SUPPORTED", 3) else "error"
+            )
+            return GpuUsage(None, used, total, why)
+
+    def usage(self, index: int) -> dict[str, Any]:
+        """`read(index).record()`: the sample keys of a whole GPU by its index."""
+        return self.read(index).record()

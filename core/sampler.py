@@ -3,7 +3,8 @@ each GPU (NVML). One `sample()` call makes one record for every task, so the not
 per tick however many workers there are.
 
 Key layout follows nvitop's collector: a task's record holds plain numbers with units in their names,
-and None where a value is not available (no GPU, process gone).
+and None where a value is not available (no GPU, process gone). A GPU's utilization that cannot be
+measured (a MIG instance) is None with ``util_missing`` saying why (`tfdist.nvml.GpuUsage`), never 0.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from typing import Any
 
 import psutil
 
-from .nvml import Nvml
+from .nvml import NO_DEVICE, GpuInfo, GpuUsage, Nvml
 
 
 @dataclass
 class TaskProcess:
     name: str  # "worker-0"
     pid: int
-    gpu_indices: list[int] = field(default_factory=list)  # NVML indices this task was given
+    #: the GPUs this task was given as CUDA_VISIBLE_DEVICES names them: NVML indices, or UUIDs
+    #: ("MIG-..." for a MIG instance, which CUDA names only so)
+    gpu_indices: list[int | str] = field(default_factory=list)
 
 
 class GpuReader:
@@ -29,6 +32,7 @@ class GpuReader:
 
     def __init__(self) -> None:
         self._nvml = Nvml().open()
+        self._by_uuid: dict[str, GpuInfo] | None = None
 
     @property
     def available(self) -> bool:
@@ -37,8 +41,30 @@ class GpuReader:
     def indices(self) -> list[int]:
         return self._nvml.indices()
 
-    def read(self, index: int) -> dict[str, float | None]:
-        return {"index": index, **self._nvml.usage(index)}
+    def device(self, gpu: int | str | GpuInfo) -> int | GpuInfo | None:
+        """What `gpu` names: an index (an int, or digits) or a device by its UUID ("GPU-...", "MIG-...")."""
+        if isinstance(gpu, (int, GpuInfo)):
+            return gpu
+        if gpu.strip().isdigit():
+            return int(gpu)
+        if self._by_uuid is None:
+            self._by_uuid = {g.uuid: g for g in self._nvml.devices()}
+        return self._by_uuid.get(gpu.strip())
+
+    def usage(self, gpu: int | str | GpuInfo) -> GpuUsage:
+        dev = self.device(gpu)
+        return NO_DEVICE if dev is None else self._nvml.read(dev)
+
+    def read(self, gpu: int | str | GpuInfo) -> dict[str, Any]:
+        """One device's sample: its index (the parent's, for a MIG instance), a MIG instance's UUID and
+        profile, and `GpuUsage.record()`."""
+        dev = self.device(gpu)
+        if dev is None:
+            raise LookupError(f"NVML lists no GPU {gpu!r}")
+        out: dict[str, Any] = {"index": dev.index if isinstance(dev, GpuInfo) else dev}
+        if isinstance(dev, GpuInfo) and dev.mig_profile:
+            out["uuid"], out["mig_profile"] = dev.uuid, dev.mig_profile
+        return {**out, **self._nvml.read(dev).record()}
 
     def close(self) -> None:
         self._nvml.close()
@@ -75,6 +101,7 @@ class TaskSampler:
                         rec["rss (MiB)"] = entry[1].memory_info().rss / 2**20
                 except psutil.Error:
                     pass
-            rec["gpus"] = [self.gpus.read(i) for i in task.gpu_indices]
+            # a UUID NVML does not list (no driver here) has no index to show it under: left out
+            rec["gpus"] = [self.gpus.read(g) for g in task.gpu_indices if self.gpus.device(g) is not None]
             out[name] = rec
         return {"type": "metrics", "t": time.time(), "tasks": out}

@@ -11,12 +11,24 @@ from typing import Any, Literal
 
 from .config import CullingRule
 
-__all__ = ["Decision", "decide", "warning_text"]
+__all__ = ["NOT_CULLED", "Decision", "decide", "warning_text"]
 
-# "no-data": the server has not reported lately (set by the service, never by `decide`): never culled
+# "no-data": the server has not reported lately (set by the service, never by `decide`): never culled;
+# "unmeasured": a GPU of the server has no utilization now (a MIG instance, an NVML error): never culled
 Action = Literal[
-    "cpu-only", "disabled", "unknown", "no-data", "job-running", "active", "warn", "warned", "cull"
+    "cpu-only",
+    "disabled",
+    "unknown",
+    "no-data",
+    "unmeasured",
+    "job-running",
+    "active",
+    "warn",
+    "warned",
+    "cull",
 ]
+#: the actions that leave a server alone whatever its idle time says (a warning given is withdrawn)
+NOT_CULLED: frozenset[str] = frozenset({"cpu-only", "disabled", "unknown", "no-data", "unmeasured"})
 
 
 @dataclass(frozen=True)
@@ -30,11 +42,14 @@ def decide(
     rule: CullingRule | None, report: dict[str, Any], warned_cull_at: float | None, now: float
 ) -> Decision:
     """`report`: the server's latest report (``gpus``, ``idle_s`` counted against the rule's threshold, None
-    when not known, ``jobs_running``); `warned_cull_at`: when the server was told it would be stopped."""
+    when not known, ``jobs_running``, ``unmeasured``: its GPUs whose utilization is not known now);
+    `warned_cull_at`: when the server was told it would be stopped. Never "cull" on what is not known."""
     if not report.get("gpus"):
         return Decision("cpu-only")  # the ordinary idle culler's business
     if rule is None or not rule.enabled:
         return Decision("disabled")
+    if report.get("unmeasured"):
+        return Decision("unmeasured")  # a MIG instance or a failing GPU may be busy: nobody can tell
     idle = report.get("idle_s")
     if not isinstance(idle, (int, float)):
         return Decision("unknown")

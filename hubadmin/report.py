@@ -45,10 +45,23 @@ class _Wire(BaseModel):
 
 
 class GpuRecord(_Wire):
-    index: int = Field(ge=0, le=4096)
+    index: int = Field(ge=0, le=4096)  # the parent GPU's, for a MIG instance
     name: Name | None = None
     uuid: Name | None = None
     memory_total_mib: MiB | None = None
+    mig_profile: Annotated[str, Field(max_length=40)] | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        """A MIG instance: NVML cannot measure its utilization (CUDA names it by a "MIG-..." UUID)."""
+        return bool(self.mig_profile) or (self.uuid or "").startswith("MIG-")
+
+    @property
+    def label(self) -> str:
+        name = self.name or "?"
+        if self.is_mig:
+            return f"{name} MIG {self.mig_profile}" if self.mig_profile else f"{name} MIG instance"
+        return name
 
 
 class JobRecord(_Wire):
@@ -58,7 +71,8 @@ class JobRecord(_Wire):
 
 
 class Sample(_Wire):
-    """One tick: time, then per GPU utilization (%) and memory used (MiB), None where NVML had no value."""
+    """One tick: time, then per GPU utilization (%) and memory used (MiB), None where NVML had no value
+    (a MIG instance's utilization always: NVML cannot measure it)."""
 
     t: float = Field(ge=0)
     util: list[Percent | None] = Field(max_length=MAX_GPUS)

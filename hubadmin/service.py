@@ -4,7 +4,9 @@ Why servers push (and the service never calls them): a user's server is code its
 credential may be sent to it. Each server reports with its own token (`identity.server_of` says which
 server that token is for), the report is checked (`report.parse_report`), and the answer carries the
 culler's notice back. The service's own token (scopes: `hubconfig.SERVICE_SCOPES`) is used on the hub's
-API only. A server without a recent report has "no data" and is never culled.
+API only. A server without a recent report has "no data" and is never culled, nor is one with a GPU whose
+utilization is not measured (a MIG instance: NVML cannot; a GPU whose NVML read failed): its idle time
+counts only from the last moment every GPU of it was measured.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .config import CullingConfig, CullingRule
-from .culler import Decision, decide, warning_text
+from .culler import NOT_CULLED, Decision, decide, warning_text
 from .identity import IdentityCache, ServerId
 from .report import ActivityReport, GpuRecord, JobRecord, NoticeRecord, ReportReply
 
@@ -81,6 +83,30 @@ class ServerRecord:
             return [None] * len(self.gpus)
         return list(self.history[-1][1])
 
+    def unmeasured(self, now: float) -> list[str]:
+        """This server's GPUs whose utilization is not known now, each in words (all of them when no recent
+        sample came): what keeps the culler from stopping it."""
+        if not self.gpus:
+            return []
+        if not self.history or now - self.history[-1][0] > 3 * self.asked_s + 60:
+            return ["no recent GPU sample"]
+        utils = list(self.history[-1][1])
+        return [
+            f"{g.label}: " + ("not measurable on a MIG instance" if g.is_mig else "utilization not read")
+            for g, u in zip(self.gpus, utils + [None] * (len(self.gpus) - len(utils)), strict=False)
+            if u is None
+        ]
+
+    def measured_idle_s(self, now: float) -> float | None:
+        """The reported idle time, but no longer than since the last sample in which a GPU had no
+        utilization: a time nobody measured is never counted as idle."""
+        if self.idle_s is None:
+            return None
+        for t, utils, _ in reversed(self.history):
+            if len(utils) < len(self.gpus) or any(u is None for u in utils):
+                return max(0.0, min(self.idle_s, now - t))
+        return self.idle_s
+
     def last_mem(self, now: float) -> list[float | None]:
         if not self.history or not self.fresh(now):
             return [None] * len(self.gpus)
@@ -117,6 +143,13 @@ class ServerRecord:
                 last_t = s.t
         self.seen = now
         self.refused = None
+
+
+def _reason(rec: ServerRecord, now: float) -> str | None:
+    """Why the culler leaves a reporting server alone, in words, when it is for lack of a measurement."""
+    if rec.decision is None or rec.decision.action != "unmeasured":
+        return None
+    return "GPU utilization not measured (" + "; ".join(rec.unmeasured(now)) + "); not culled"
 
 
 class GpuAdminState:
@@ -270,15 +303,17 @@ class GpuAdminState:
     async def _cull_step(self, rec: ServerRecord, rule: CullingRule | None, now: float) -> None:
         facts = {
             "gpus": rec.gpus,
-            "idle_s": rec.idle_s,
+            "idle_s": rec.measured_idle_s(now),
             "jobs_running": rec.jobs_running,
+            "unmeasured": rec.unmeasured(now),
         }
         d = decide(rule, facts, rec.warned_cull_at, now)
         rec.decision = d
-        if d.action in ("active", "job-running") and rec.warned_cull_at is not None:
+        in_use = d.action in ("active", "job-running")
+        if (in_use or d.action in NOT_CULLED) and rec.warned_cull_at is not None:
             rec.warned_cull_at = None
             rec.notice = None
-            log.info("tfdist gpu admin: %s is in use again (%s); warning withdrawn", rec.key, d.action)
+            log.info("tfdist gpu admin: %s: %s; warning withdrawn", rec.key, d.action)
         elif d.action == "warn" and rule is not None:
             assert d.cull_at is not None
             rec.warned_cull_at = d.cull_at
@@ -341,12 +376,20 @@ class GpuAdminState:
                     "server": rec.name,
                     "profile": rec.profile,
                     "gpu_model": self.model_names.get(rec.gpu_model or "", rec.gpu_model),
-                    "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid} for g in rec.gpus],
+                    "gpus": [
+                        {"index": g.index, "name": g.name, "uuid": g.uuid, "label": g.label} for g in rec.gpus
+                    ],
                     "util": utils,
+                    # per GPU, what the page shows: "35%", "n/a (MIG)" (NVML cannot measure it), "—"
+                    "util_text": [
+                        f"{u:.0f}%" if u is not None else "n/a (MIG)" if g.is_mig else "\u2014"
+                        for g, u in zip(rec.gpus, utils + [None] * len(rec.gpus), strict=False)
+                    ],
                     "mem_mib": rec.last_mem(now),
                     "idle_s": rec.idle_s if fresh else None,
                     "jobs": [j.model_dump() for j in rec.jobs_running] if fresh else [],
                     "action": (rec.decision.action if rec.decision else None) if fresh else "no-data",
+                    "reason": _reason(rec, now) if fresh else None,
                     "cull_at": rec.warned_cull_at,
                     "error": rec.no_data_reason(now),
                     "spark": rec.spark(now),

@@ -52,6 +52,17 @@ def _series(view: JobView, key: str) -> dict[str, tuple[list[float], list[float]
     return out
 
 
+def _gpu_name(g: dict[str, Any]) -> str:
+    """gpu0, or gpu0 MIG 1g.10gb for a MIG instance (two instances of one GPU share its index)."""
+    mig = g.get("mig_profile")
+    return f"gpu{g.get('index', '?')}" + (f" MIG {mig}" if isinstance(mig, str) and mig else "")
+
+
+def _util_text(g: dict[str, Any]) -> str:
+    """A GPU's utilization as text; "n/a (MIG)" where NVML cannot measure it (never a 0 it did not read)."""
+    return "n/a (MIG)" if g.get("util_missing") == "mig" else _num(g.get("util (%)"), "%")
+
+
 def _gpu_series(view: JobView, key: str) -> dict[str, tuple[list[float], list[float]]]:
     out: dict[str, tuple[list[float], list[float]]] = {}
     t0 = view.created
@@ -61,7 +72,7 @@ def _gpu_series(view: JobView, key: str) -> dict[str, tuple[list[float], list[fl
                 v = g.get(key)
                 if v is None:
                     continue
-                xs, ys = out.setdefault(f"{task} gpu{g.get('index', '?')}", ([], []))
+                xs, ys = out.setdefault(f"{task} {_gpu_name(g)}", ([], []))
                 xs.append(m["t"] - t0)
                 ys.append(v)
     return out
@@ -103,10 +114,10 @@ def tasks_html(view: JobView) -> str:
         m = last.get(name, {}) if state in LIVE_TASK_STATES and not view.finished else {}
         gpus = (
             ", ".join(
-                f"gpu{g.get('index', '?')} {_num(g.get('util (%)'), '%')} "
-                f"{_num(g.get('mem_used (MiB)'), 'MiB')}"
+                f"{_gpu_name(g)} {_util_text(g)} {_num(g.get('mem_used (MiB)'), 'MiB')}"
                 for g in m.get("gpus") or []
-                if isinstance(g, dict) and g.get("util (%)") is not None
+                if isinstance(g, dict)
+                and (g.get("util (%)") is not None or g.get("mem_used (MiB)") is not None)
             )
             or ",".join(str(g) for g in t.get("gpus") or [])
             or "-"
@@ -260,7 +271,7 @@ class WidgetMonitor:
         self._set_lines("cpu", _series(view, "cpu (%)"))
         self._set_lines("rss", _series(view, "rss (MiB)"))
         gpu = _gpu_series(view, "util (%)")
-        if gpu:
+        if gpu or _gpu_series(view, "mem_used (MiB)"):  # a MIG instance has memory, no utilization
             self.gpu_box.layout.display = "flex"
             self._set_lines("gpu", gpu)
             self._set_lines("gpumem", _gpu_series(view, "mem_used (MiB)"))
@@ -304,7 +315,7 @@ def static_figure(view: JobView) -> Any:
         ("memory per task (MiB)", "s", _series(view, "rss (MiB)")),
     ]
     gpu = _gpu_series(view, "util (%)")
-    if gpu:
+    if gpu or _gpu_series(view, "mem_used (MiB)"):
         panels += [
             ("GPU utilization (%)", "s", gpu),
             ("GPU memory (MiB)", "s", _gpu_series(view, "mem_used (MiB)")),

@@ -83,7 +83,7 @@ class GpuActivity:
 
     def sample(self) -> None:
         assert self._reader is not None
-        reads = [self._reader.read(g.index) for g in self.gpus()]
+        reads = [self._reader.read(g) for g in self.gpus()]
         self.samples.append(
             (time.time(), [r.get("util (%)") for r in reads], [r.get("mem_used (MiB)") for r in reads])
         )

@@ -14,15 +14,23 @@ from typing import Any
 import psutil
 from tornado.ioloop import PeriodicCallback
 
-from ..gpus import visible_gpus
+from ..gpus import GpuInfo, visible_gpus
 from ..sampler import GpuReader
 
 HISTORY = 120  # two minutes at 1 Hz: what a sparkline shows
 IDLE_STOP_S = 30.0  # stop sampling when no tab has asked for this long
 
 
+def _label(g: GpuInfo) -> str:
+    """A device's name as shown: the model, and a MIG instance's profile (two slices of one GPU share its
+    index)."""
+    return f"{g.name} MIG {g.mig_profile}" if g.mig_profile else g.name
+
+
 class ServerSampler:
-    """The ring buffer of `{"t", "cpu (%)", "mem (%)", "gpus": [GpuReader.read()...]}` samples."""
+    """The ring buffer of `{"t", "cpu (%)", "mem (%)", "gpus": [GpuReader.read()...]}` samples, one entry
+    per device this server was given: a whole GPU, or a MIG instance (its own memory; utilization None with
+    ``util_missing: "mig"``, never its parent GPU's)."""
 
     def __init__(
         self, interval_s: float = 1.0, history: int = HISTORY, gpus: GpuReader | None = None
@@ -30,8 +38,7 @@ class ServerSampler:
         self.interval_s = interval_s
         self.samples: collections.deque[dict[str, Any]] = collections.deque(maxlen=history)
         self._gpus = gpus
-        self._indices: list[int] | None = None
-        self._names: dict[int, str] = {}
+        self._devices: list[GpuInfo] | None = None
         self._pc: PeriodicCallback | None = None
         self._last_read = 0.0
 
@@ -39,13 +46,12 @@ class ServerSampler:
     def _reader(self) -> GpuReader:
         if self._gpus is None:
             self._gpus = GpuReader()
-        if self._indices is None:
+        if self._devices is None:
             try:
                 infos = visible_gpus()
             except Exception:  # no driver, odd CUDA_VISIBLE_DEVICES: this server simply has no GPU
                 infos = []
-            self._indices = [g.index for g in infos] if self._gpus.available else []
-            self._names = {g.index: g.name for g in infos}
+            self._devices = infos if self._gpus.available else []
         return self._gpus
 
     @property
@@ -73,7 +79,7 @@ class ServerSampler:
             "t": time.time(),
             "cpu (%)": psutil.cpu_percent(None),
             "mem (%)": psutil.virtual_memory().percent,
-            "gpus": [{**reader.read(i), "name": self._names.get(i, "")} for i in self._indices or []],
+            "gpus": [{**reader.read(g), "name": _label(g)} for g in self._devices or []],
         }
         self.samples.append(rec)
         return rec
@@ -83,8 +89,8 @@ class ServerSampler:
         self.touch()
         self._reader()
         return {
-            "gpu_count": len(self._indices or []),
-            "gpus": [{"index": i, "name": self._names.get(i, "")} for i in self._indices or []],
+            "gpu_count": len(self._devices or []),
+            "gpus": [{"index": g.index, "name": _label(g)} for g in self._devices or []],
             "cpu_count": psutil.cpu_count() or 1,
             "interval_s": self.interval_s,
             "samples": list(self.samples),

@@ -248,3 +248,35 @@ def test_widget_close_leaves_none_of_its_widgets_open():
     m.close()
     assert not ids & set(_instances)
     assert len(before - set(_instances)) > 30  # figures, marks, scales, axes, layouts, styles
+
+
+def test_a_mig_instance_shows_its_memory_and_no_made_up_utilization():
+    """NVML has no utilization for a MIG instance: the row says so, and its memory still gets a chart."""
+    t0 = time.time()
+    mig = "MIG-5a7c1a3e-0b1f-5e63-9d6a-0a1b2c3d4e5f"
+    v = JobView(name="j", created=t0, total_tasks=1)
+    m = WidgetMonitor(v)
+    v.apply({"type": "task", "task": "worker-0", "state": "running", "gpus": [mig]})
+    gpu = {
+        "index": 0,
+        "uuid": mig,
+        "mig_profile": "1g.10gb",
+        "util (%)": None,
+        "util_missing": "mig",
+        "mem_used (MiB)": 1200.0,
+        "mem_total (MiB)": 9728.0,
+    }
+    for i in (
+        1,
+        2,
+    ):  # as the supervisor's sampler writes them (appended: the event types are not this test's)
+        v.metrics.append(
+            {"t": t0 + i, "tasks": {"worker-0": {"cpu (%)": 5.0, "rss (MiB)": 1.0, "gpus": [gpu]}}}
+        )
+    m.refresh(v)
+    assert "gpu0 MIG 1g.10gb n/a (MIG) 1200MiB" in tasks_html(v)
+    assert m.gpu_box.layout.display == "flex"
+    assert list(m.figs["gpumem"].marks[0].labels) == ["worker-0 gpu0 MIG 1g.10gb"]
+    assert list(m.figs["gpu"].marks[0].labels) == []  # no utilization line, not a line at 0
+    assert v.summary()["gpu_util"] == []
+    assert len(static_figure(v).axes) == 5  # the memory panel is drawn too

@@ -72,11 +72,12 @@ function render(data) {
     cell(tr, s.user);
     cell(tr, s.server || '(default)');
     cell(tr, s.profile || '—');
-    const names = s.gpus.length ? s.gpus.length + ' × ' + (s.gpus[0].name || s.gpu_model || '?') : 'none (CPU)';
+    const names = s.gpus.length ? s.gpus.length + ' × ' + (s.gpus[0].label || s.gpus[0].name || s.gpu_model || '?') : 'none (CPU)';
     cell(tr, names, s.gpus.length ? 'gpus' : 'gpus muted');
     cell(tr).appendChild(spark(s.spark.t, s.spark.util, 100, '#1f77b4'));
     cell(tr).appendChild(spark(s.spark.t, s.spark.mem, 0, '#2ca02c'));
-    const now = s.util.map(u => (u === null ? '—' : Math.round(u) + '%')).join(' ');
+    // util_text: "n/a (MIG)" where NVML cannot measure a GPU (a MIG instance), never a 0 it did not read
+    const now = (s.util_text || s.util.map(u => (u === null ? '—' : Math.round(u) + '%'))).join(' ');
     cell(tr, s.gpus.length ? now : '—', 'num util');
     cell(tr, s.gpus.length ? fmtDuration(s.idle_s) : '—', 'num');
     const jobGpus = j => (j.gpu_util && j.gpu_util.length
@@ -84,6 +85,9 @@ function render(data) {
     cell(tr, s.jobs.length ? s.jobs.map(j => j.name + ' (' + j.state + jobGpus(j) + ')').join(', ') : '—', 'jobs');
     let cull = s.action || '—';
     let cls = 'muted';
+    if (s.reason) {
+      cull = s.reason; // "GPU utilization not measured (...: not measurable on a MIG instance); not culled"
+    }
     if (s.cull_at) {
       cull = 'warned: stop in ' + fmtDuration(Math.max(0, s.cull_at - data.now));
       cls = 'warn';
