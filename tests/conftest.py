@@ -1,4 +1,5 @@
-"""Shared fixtures. Test doubles live in tests/doubles/ and are named for what they stand in for."""
+"""Shared fixtures, the xdist grouping and the unit run. Test doubles live in tests/doubles/ and are named for
+what they stand in for."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.kernels import Kernel, job_processes, kernel_env
+from tests.kernels import Kernel, job_processes, product_kernel_env
+from tests.unitguard import (  # the unit run's hooks: registered by being names of this conftest
+    UNIT_MODULES,
+    is_unit,
+    pytest_runtest_makereport,  # noqa: F401
+    pytest_runtest_protocol,  # noqa: F401
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -44,6 +51,18 @@ def _durations() -> dict[str, float]:
         return {}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "unit: a process-free test (tests/unitguard.py: its module is in UNIT_MODULES); `-m unit` runs them, "
+        "and there starting a process, forking or listening on a network port fails the test",
+    )
+    config.addinivalue_line(
+        "markers",
+        "not_unit(why): a test of a unit module that needs a process or a port: not in the unit run",
+    )
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Group tests for pytest-xdist (scripts/test runs ``--dist loadgroup``) and hand out the longest first.
@@ -57,6 +76,9 @@ def pytest_collection_modifyitems(config, items):
     known = _durations()
     weight: dict[str, float] = {}
     for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in UNIT_MODULES:
+            if not item.get_closest_marker("not_unit"):
+                item.add_marker(pytest.mark.unit)
         group = _group(item)
         item.add_marker(pytest.mark.xdist_group(group))
         item.stash[_GROUP] = group
@@ -103,9 +125,10 @@ def examples_dir() -> str:
 
 @pytest.fixture(scope="module")
 def tf_kernel(tmp_path_factory):
-    """A real kernel with TF imported, the extension loaded and a small digits model + dataset defined."""
+    """A real kernel with TF imported, the extension loaded and a small digits model + dataset defined; with
+    the product's defaults (a warm pool, TensorFlow's log level 2): the magic tests run the user's path."""
     state = str(tmp_path_factory.mktemp("tfdist-state"))
-    k = Kernel(kernel_env(state), cwd=str(tmp_path_factory.mktemp("nb")))
+    k = Kernel(product_kernel_env(state), cwd=str(tmp_path_factory.mktemp("nb")))
     k.state_dir = state  # type: ignore[attr-defined]
     r = k.execute(SETUP_CODE, timeout=180)
     assert r.error is None, r.error_text
@@ -114,8 +137,12 @@ def tf_kernel(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def no_job_left_behind():
-    """Every test must leave no job process running (the product's promise, checked everywhere)."""
+def no_job_left_behind(request: pytest.FixtureRequest):
+    """Every test must leave no job process running (the product's promise, checked everywhere; a unit test
+    cannot start one, so it is spared the walk over every process)."""
+    if is_unit(request.node):
+        yield
+        return
     before = {p.pid for p in job_processes()}
     yield
     import time

@@ -19,6 +19,7 @@ import psutil
 from jupyter_client.manager import KernelManager
 
 from tfdist.backends.pool import STATE_PREFIX
+from tfdist.settings import KernelSettings
 
 
 @dataclass
@@ -183,22 +184,36 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def kernel_env(state_dir: str, **extra: str) -> dict[str, str]:
+def product_kernel_env(state_dir: str, **extra: str) -> dict[str, str]:
+    """A kernel's environment with the product's defaults, as a hub's server gives it: every admin knob
+    (KernelSettings: the warm pool of 4, forking, isolation, ...) at its default whatever the shell running
+    the tests says, and TensorFlow's log level 2 as both spawners set it (its errors show, its info does
+    not). The user's path (the magic tests' `tf_kernel`) runs in these."""
     env = dict(os.environ)
+    for var in KernelSettings.variables():
+        env.pop(var.name, None)
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # no GPU here; a test that fakes one says so
     env.update(
         {
             "TFDIST_TEST_RUN": RUN_MARK,
             "TFDIST_STATE_DIR": state_dir,
-            "TF_CPP_MIN_LOG_LEVEL": "3",
+            "TF_CPP_MIN_LOG_LEVEL": "2",  # what TfdistLocalSpawner and TfdistKubeSpawner set
+            # Python's own warnings (a library's DeprecationWarning) are not tfdist's output, and the tests
+            # compare cell output as text; test_main_job runs under the hub without this and checks that the
+            # first cell shows no stderr at all
             "PYTHONWARNINGS": "ignore",
-            # no warm pools (tfdist.backends.pool) unless a test asks: 4 idle TF processes per kernel
-            # would cost each module's kernel ~2 GiB and CPU; tests/test_warm_pool.py turns them on
-            "TFDIST_POOL_SIZE": "0",
         }
     )
-    env.pop("CUDA_VISIBLE_DEVICES", None)
     env.update(extra)
     return env
+
+
+def kernel_env(state_dir: str, **extra: str) -> dict[str, str]:
+    """`product_kernel_env` with the warm pool off, for the kernels of tests that are not the user's path:
+    a pool keeps a warm supervisor and a fork server with TensorFlow imported (0.45-0.9 GiB RSS measured,
+    a TF import of CPU after each job) per kernel, on a 2-core machine running two test workers. The pool
+    itself is tested in test_warm_pool.py and on the user's path (`tf_kernel`, test_main_job.py)."""
+    return product_kernel_env(state_dir, **({"TFDIST_POOL_SIZE": "0"} | extra))
 
 
 # Data paced to a known least time per batch: a fit that must outlast a fault the test injects (a PS or a

@@ -363,6 +363,7 @@ def test_no_mapping_reads_this_process_at_each_access(monkeypatch):
     assert TaskSettings({}).task is None
 
 
+@pytest.mark.not_unit("a fresh interpreter, as a job process starts")
 def test_job_processes_import_it_without_pydantic():
     code = "import sys, tfdist.settings as s; s.TaskSettings().heartbeat_s; print('pydantic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
