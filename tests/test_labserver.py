@@ -1,7 +1,8 @@
 """The jobs panel's server extension: authentication, ownership, a real stop, the shared GPU sampler.
 
 Given a Jupyter server with the extension enabled (pytest-jupyter) and a TFDIST_STATE_DIR holding
-jobs of this user and of another one, written as the local backend writes them.
+jobs of this user and of another one, written as the local backend writes them. The GPU routes read the
+named NVML double (tests/doubles/fake_pynvml) where this machine has no GPU, so their rows are checked.
 """
 
 from __future__ import annotations
@@ -29,6 +30,43 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 ME = "alice"
 OTHER = "mallory"
+H100 = "NVIDIA H100 80GB HBM3"
+MIG = "MIG-5a7c1a3e-0b1f-5e63-9d6a-0a1b2c3d4e5f"
+
+
+def write_nvml(path, util0: int, util1: int) -> None:
+    """Two whole GPUs and a GPU in MIG mode with one 1g.10gb instance (memory, no utilization)."""
+    gpus = [
+        {"name": H100, "uuid": "GPU-lab-0", "util": util0, "mem_used_mib": 1000.0, "mig_mode": 0},
+        {"name": H100, "uuid": "GPU-lab-1", "util": util1, "mem_used_mib": 2000.0},
+        {
+            "name": "NVIDIA A100-SXM4-80GB",
+            "uuid": "GPU-lab-2",
+            "mig": [{"profile": "1g.10gb", "uuid": MIG, "memory_total_mib": 9728, "mem_used_mib": 512.0}],
+        },
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"gpus": gpus}))
+    tmp.replace(path)
+
+
+@pytest.fixture
+def fake_nvml(tmp_path, monkeypatch):
+    """This (the lab server's) process's `pynvml` is the double; the GPUs are the file's."""
+    import importlib.util
+
+    from tests.test_mig_local import DOUBLES
+
+    path = tmp_path / "nvml.json"
+    write_nvml(path, 35, 0)
+    monkeypatch.setenv("TFDIST_FAKE_NVML", str(path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    spec = importlib.util.spec_from_file_location("pynvml", DOUBLES / "fake_pynvml" / "pynvml.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    return path
 
 
 @pytest.fixture
@@ -114,15 +152,22 @@ async def _another_users_job_is_invisible_and_cannot_be_stopped(jp_fetch, state_
         sleeper.wait()
 
 
-async def _gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp):
+async def _gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp, nvml):
     first = await get_json(jp_fetch, "gpus")
-    assert first["cpu_count"] >= 1 and first["gpu_count"] == len(first["gpus"])
+    assert first["cpu_count"] >= 1 and first["gpu_count"] == 3
+    assert [g["name"] for g in first["gpus"]] == [H100, H100, "NVIDIA A100-SXM4-80GB MIG 1g.10gb"]
     assert first["samples"] and "cpu (%)" in first["samples"][-1]
+    gpus = first["samples"][-1]["gpus"]
+    assert [g["util (%)"] for g in gpus] == [35.0, 0.0, None]  # the instance: not measurable, not 0
+    assert gpus[2]["util_missing"] == "mig" and gpus[2]["uuid"] == MIG
+    assert [g["mem_used (MiB)"] for g in gpus] == [1000.0, 2000.0, 512.0]
+    write_nvml(nvml, 0, 90)
     await asyncio.sleep(2.2)
     second = await get_json(jp_fetch, "gpus")
     sampler = jp_serverapp.web_app.settings["tfdist"].sampler
     assert sampler.running
     assert 2 <= len(second["samples"]) - len(first["samples"]) <= 4, "sampled at ~1 Hz, not per request"
+    assert [g["util (%)"] for g in second["samples"][-1]["gpus"]] == [0.0, 90.0, None]  # read live
     sampler.stop()
 
 
@@ -223,9 +268,11 @@ def test_another_users_job_is_invisible_and_cannot_be_stopped(jp_fetch, state_di
     )
 
 
-def test_gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp, jp_asyncio_loop) -> None:
+def test_gpus_report_this_server_from_one_shared_sampler(
+    fake_nvml, jp_fetch, jp_serverapp, jp_asyncio_loop
+) -> None:
     jp_asyncio_loop.run_until_complete(
-        _gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp)
+        _gpus_report_this_server_from_one_shared_sampler(jp_fetch, jp_serverapp, fake_nvml)
     )
 
 
