@@ -13,6 +13,7 @@ import pytest
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.errors import BackendUnavailable, JobSpecError
+from tfdist.job.restart import WORKER_RESTARTS
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
 from tfdist.settings import from_environ
@@ -121,7 +122,7 @@ def test_manifests_put_gpus_on_workers_only_and_hang_everything_on_one_root():
     assert all(o["metadata"]["ownerReferences"] == [owner] for o in objs)
     worker, ps = objs[0]["spec"], objs[4]["spec"]
     assert (worker["completionMode"], worker["completions"], worker["parallelism"]) == ("Indexed", 2, 2)
-    assert worker["backoffLimitPerIndex"] == mf.WORKER_RESTARTS and worker["maxFailedIndexes"] == 2
+    assert worker["backoffLimitPerIndex"] == WORKER_RESTARTS and worker["maxFailedIndexes"] == 2
     assert worker["podReplacementPolicy"] == "TerminatingOrFailed"
     assert (ps["completionMode"], ps["completions"], ps["backoffLimit"]) == ("Indexed", 1, 0)
     templates = {"chief": root["spec"]["template"], "worker": worker["template"], "ps": ps["template"]}

@@ -21,11 +21,12 @@ import re
 from typing import Any
 
 from .. import taskenv, tf_config
+from ..job.restart import RestartPolicy
 from ..jobspec import JobSpec
-from ..runtime import psrecovery, psrestart
 from ..settings import (
     ENV_AGENT_PORT,
     ENV_AGENT_URL,
+    ENV_CHECKPOINT_EVERY,
     ENV_CLUSTER,
     ENV_RESULT_WAIT_S,
     ENV_TASK,
@@ -49,7 +50,6 @@ L_INDEX = "batch.kubernetes.io/job-completion-index"  # set by the Job controlle
 A_PS_RESTARTS = "tfdist.io/ps-restarts"
 GPU_RESOURCE = "nvidia.com/gpu"
 FINISHED_TTL_S = 15  # a finished root (and with it the whole job) is deleted this long after it ends
-WORKER_RESTARTS = 3  # per worker index (backoffLimitPerIndex)
 TERMINATION_GRACE_S = 5
 # on containers without GPUs: a CUDA image sets NVIDIA_VISIBLE_DEVICES=all, and where the NVIDIA runtime is
 # the node's default its toolkit would hand such a container every GPU of the node, counted by no quota (the
@@ -249,7 +249,7 @@ def pod_template(
     if role == "chief" and result_wait_s is not None:
         env.append({"name": ENV_RESULT_WAIT_S, "value": f"{result_wait_s:g}"})
     if role == "chief" and ps_comes_back(spec):  # the coordinator pod checkpoints in its own job dir
-        env.append({"name": psrecovery.ENV_EVERY, "value": str(spec.checkpoint_every)})
+        env.append({"name": ENV_CHECKPOINT_EVERY, "value": str(spec.checkpoint_every)})
     container: dict[str, Any] = {
         "name": "tensorflow",
         "image": spec.image,
@@ -289,13 +289,13 @@ def pod_template(
         meta_labels["kueue.x-k8s.io/queue-name"] = queue
     meta: dict[str, Any] = {"labels": meta_labels}
     if role == "ps" and ps_comes_back(spec):
-        meta["annotations"] = {A_PS_RESTARTS: str(psrestart.MAX_PS_RESTARTS)}
+        meta["annotations"] = {A_PS_RESTARTS: str(RestartPolicy.for_spec(spec).limit("ps"))}
     return {"metadata": meta, "spec": pod_spec}
 
 
 def ps_comes_back(spec: JobSpec) -> bool:
     """--checkpoint-every on a PS job: a lost PS pod is replaced and the coordinator resumes."""
-    return spec.strategy == "ps" and bool(spec.checkpoint_every)
+    return RestartPolicy.for_spec(spec).ps_comes_back
 
 
 def _job_meta(spec: JobSpec, role: str, owner: dict | None, queue: str | None) -> dict[str, Any]:
@@ -343,9 +343,9 @@ def task_job(
     gpu_resource: str = GPU_RESOURCE,
     queue: str | None = None,
 ) -> dict[str, Any]:
-    """PS or workers: one Indexed Job. A worker index that fails is replaced up to WORKER_RESTARTS times
-    (TF's coordinator re-sends its work); a failed PS index fails the PS Job (its variables are gone),
-    unless --checkpoint-every lets it come back (up to psrestart.MAX_PS_RESTARTS times)."""
+    """PS or workers: one Indexed Job. A worker index that fails is replaced as often as the job's restart
+    policy allows (tfdist.job.restart; TF's coordinator re-sends its work); a failed PS index fails the PS
+    Job (its variables are gone), unless --checkpoint-every lets it come back (the policy's PS limit)."""
     n = spec.workers if role == "worker" else spec.ps
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
@@ -362,7 +362,7 @@ def task_job(
         ),
     }
     if role == "worker":
-        job_spec["backoffLimitPerIndex"] = WORKER_RESTARTS
+        job_spec["backoffLimitPerIndex"] = RestartPolicy.for_spec(spec).limit("worker")
         job_spec["maxFailedIndexes"] = n
         # replace a worker as soon as its pod is going (the default with backoffLimitPerIndex waits for a
         # terminal phase, which a pod on a lost node may never report)
@@ -370,7 +370,7 @@ def task_job(
     elif ps_comes_back(spec):
         # --checkpoint-every: a lost PS pod comes back at its hostname, and the coordinator pod resumes
         # from its checkpoint (tfdist.runtime.pspod); once a PS has used its restarts the Job fails
-        job_spec["backoffLimitPerIndex"] = psrestart.MAX_PS_RESTARTS
+        job_spec["backoffLimitPerIndex"] = RestartPolicy.for_spec(spec).limit("ps")
         job_spec["maxFailedIndexes"] = 0
         job_spec["podReplacementPolicy"] = "TerminatingOrFailed"
     else:

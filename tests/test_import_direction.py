@@ -1,0 +1,73 @@
+"""The packages' import direction, read from the source (AST), so that no cycle comes back unnoticed.
+
+tfdist.kube (the kernel side's Kubernetes objects and watches) may use tfdist.runtime's pure pieces, never
+the other way: tfdist.runtime is what job processes run, and what both need lives in tfdist.job.
+tfdist.job is the protocol in the middle: it imports neither.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+CORE = Path(__file__).resolve().parent.parent / "core"
+
+
+def imported(path: Path, package: str) -> set[str]:
+    """Every tfdist module `path` imports (at any depth: top level, functions, TYPE_CHECKING blocks)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("tfdist")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolved against the module's own package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod.startswith("tfdist"):
+                found.add(mod)
+                found |= {f"{mod}.{a.name}" for a in node.names}  # `from tfdist import runtime`
+    return found
+
+
+def imports_of(sub: str) -> dict[str, set[str]]:
+    out = {}
+    for path in sorted((CORE / sub).rglob("*.py")):
+        rel = path.relative_to(CORE).with_suffix("")
+        package = ".".join(["tfdist", *rel.parts[:-1]])
+        out[".".join(["tfdist", *rel.parts])] = imported(path, package)
+    return out
+
+
+def reaching(imports: dict[str, set[str]], target: str) -> dict[str, list[str]]:
+    return {
+        mod: sorted(m for m in mods if m == target or m.startswith(target + "."))
+        for mod, mods in imports.items()
+        if any(m == target or m.startswith(target + ".") for m in mods)
+    }
+
+
+def test_the_resolver_sees_relative_and_nested_imports(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("from ..runtime import psrestart\ndef f():\n    from tfdist.runtime.spawn import Task\n")
+    assert imported(src, "tfdist.kube") == {
+        "tfdist.runtime",
+        "tfdist.runtime.psrestart",
+        "tfdist.runtime.spawn",
+        "tfdist.runtime.spawn.Task",
+    }
+
+
+def test_runtime_does_not_import_kube_back() -> None:
+    """One direction between the two: kube reads nothing of runtime, so runtime may use kube's pure
+    signing (the agent's protocol) without a cycle."""
+    assert reaching(imports_of("kube"), "tfdist.runtime") == {}
+
+
+@pytest.mark.parametrize("other", ["tfdist.runtime", "tfdist.kube", "tfdist.backends"])
+def test_the_job_protocol_imports_neither_side(other: str) -> None:
+    assert reaching(imports_of("job"), other) == {}
