@@ -17,23 +17,23 @@ import json
 import sys
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .events import JobState
+from .job.events import WireKeys
+from .job.view import summary_fields
+from .job.vocab import JobState
 
 __all__ = ["GpuStatus", "JobDetail", "JobList", "JobSummary", "TaskRecord", "schema", "wire"]
 
 ResultsState = Literal["pending", "waiting", "taken", "none"]
 
 
-class _Record(BaseModel):
+class _Record(WireKeys, BaseModel):
     # extra keys are kept on the way out (a backend may say more) but are not part of the contract
     model_config = ConfigDict(extra="allow")
 
 
-class JobSummary(_Record):
-    """One job in a list (the jobs panel, `%tfdist list`)."""
-
+class _Summary(_Record):
     name: str
     user: str
     backend: str
@@ -57,6 +57,16 @@ class JobSummary(_Record):
         description="a detached job's results: pending (still running), waiting, taken (by an attach), none",
     )
     kept_until: float | None = Field(None, description="until when (epoch seconds) waiting results are kept")
+
+
+# The view's fields marked `summary(...)` join these without an edit here (tfdist.job.view.summary_fields)
+JobSummary = create_model(
+    "JobSummary",
+    __base__=_Summary,
+    __module__=__name__,
+    __doc__="One job in a list (the jobs panel, `%tfdist list`).",
+    **summary_fields(),
+)
 
 
 class GpuSample(_Record):

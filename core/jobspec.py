@@ -8,15 +8,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from .errors import JobSpecError
+from .job.vocab import Strategy
 
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1035 label, short enough for pod names
 BACKENDS = ("local", "kubernetes")
-# ps: ParameterServerStrategy (a coordinator, workers, PS); allreduce: MultiWorkerMirroredStrategy (workers
-# only, the first of them, chief-0, also returns the results)
-STRATEGIES = ("ps", "allreduce")
+STRATEGIES = tuple(s.value for s in Strategy)
 MAX_TASKS = 256
 _MEM_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGT]i?)?$")
 _MEM_UNITS = {
@@ -44,12 +43,22 @@ class JobSpec:
     backend: str = "local"
     timeout_s: float = 600.0  # how long start-up (scheduling, servers listening) may take
     base_port: int | None = None  # local backend: fixed ports from here on instead of free ones
-    strategy: str = "ps"
+    strategy: Strategy | str = Strategy.PS  # a str only when unknown: `validate` refuses it with a sentence
     checkpoint_every: int | None = None  # PS jobs: steps between checkpoints (a lost PS resumes from one)
     # Kubernetes backend fields (ignored locally)
     namespace: str | None = None
     image: str | None = None
+    detach: bool = False  # --detach: no kernel holds it; its results wait for `%tfdist attach` (job.detach)
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", Strategy.parse(self.strategy) or self.strategy)
+        # `detach` rode in `extra` before it was a field: a spec of then reads the same, and `extra` keeps
+        # saying it for the job processes that still read it there
+        detach = bool(self.detach or self.extra.get("detach"))
+        object.__setattr__(self, "detach", detach)
+        if detach and not self.extra.get("detach"):
+            object.__setattr__(self, "extra", {**self.extra, "detach": True})
 
     @property
     def task_count(self) -> int:
@@ -62,7 +71,13 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        return cls(**json.loads(text))
+        """A spec as `to_json` wrote it; keys this version does not know (a newer kernel's) are ignored."""
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> JobSpec:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def parse_memory(text: str) -> int:

@@ -25,8 +25,10 @@ from ..backends.base import Backend, Launch
 from ..errors import JobFailed, NoSuchJob, TfdistError
 from ..events import LogEvent, StateEvent
 from ..gpus import visible_gpus
+from ..job import detach
+from ..jobrecords import JobSummary
 from ..jobspec import JobSpec, default_ps, parse_memory, validate
-from ..jobview import JobView, Reason
+from ..jobview import JobView, Reason, state_word
 from ..settings import Settings, from_environ
 from . import args as margs
 from .busy import stay_busy
@@ -47,6 +49,7 @@ USAGE = """\
 %tfdist stop NAME | --all         end a job (and every process it holds)
 %tfdist attach NAME               follow a --detach job from this kernel and bring its results here"""
 
+LIST_HEADER = f"{'name':24} {'backend':10} {'state':10} {'tasks':7} {'epoch':7} message"
 REFRESH_S = 1.0
 STALL_DETACHED_S = 600.0
 # The shell's own names: never shipped (a user's `_data` is, though)
@@ -71,16 +74,13 @@ def _gpu_ids() -> list[str]:
     return [g.cuda_id for g in visible_gpus()]  # indices; MIG instances by UUID
 
 
-DETACHED_NOTES = {
-    "waiting": "detached: results wait for %tfdist attach",
-    "taken": "detached: results taken",
-    "none": "detached: no results",
-}
-
-
-def _detached_note(row: dict[str, Any]) -> str:
-    """`%tfdist list`'s word on a detached job (the local backend's summary says where its results are)."""
-    return f" [{DETACHED_NOTES.get(row.get('results') or '', 'detached')}]" if row.get("detached") else ""
+def list_row(r: JobSummary) -> str:
+    """One job's line in `%tfdist list` (under LIST_HEADER)."""
+    note = detach.row_note(r.model_dump())
+    return (
+        f"{r.name:24} {r.backend:10} {state_word(r.state, r.queue is not None):10} "
+        f"{r.tasks_started}/{r.tasks_total:<5} {r.epoch}/{r.epochs or '?':<5} {r.message}{note}"
+    )
 
 
 class CellInterrupted(KeyboardInterrupt):
@@ -181,7 +181,7 @@ class TfdistMagics(Magics):
             base_port=opts.base_port,
             namespace=self.settings.namespace,
             image=self.settings.worker_image,
-            extra={"detach": True} if opts.detach else {},
+            detach=bool(opts.detach),
         )
         validate(spec, len(gpus) if opts.backend == "local" else None)
         if spec.backend == "local":
@@ -203,13 +203,13 @@ class TfdistMagics(Magics):
             )
         # this kernel's idle warm pool is free memory: the job takes its processes over, or it is dropped
         local = self.backend("local")
-        pooled = local.pool_bytes() if hasattr(local, "pool_bytes") else 0
+        pooled = local.idle_bytes()
         budget = dataclasses.replace(budget, used=max(0, budget.used - pooled))
         workers = spec.workers - 1 if spec.strategy == "allreduce" else spec.workers  # chief-0 is one
         why = memfit.refusal(workers, spec.ps, budget, memfit.load_footprint(self.settings.state_dir))
         if why:
             if pooled:
-                local.drop_pool()
+                local.release_idle()
             raise TfdistError(why)
 
     def run(self, argv: list[str], cell: str) -> None:
@@ -235,12 +235,8 @@ class TfdistMagics(Magics):
                     f"tfdist job {spec.name} interrupted while starting; nothing is left"
                 ) from None
             raise
-        if spec.extra.get("detach"):
-            print(
-                f"tfdist: job {spec.name} started detached; it runs without this kernel. "
-                f"`%tfdist attach {spec.name}` in any later kernel of this server follows it and brings its "
-                "results"
-            )
+        if spec.detach:
+            print(detach.started(spec.name, backend.retention()))
             return
         view = JobView(name=spec.name, user=spec.user, backend=spec.backend, total_tasks=spec.task_count)
         monitor = make_monitor(view)
@@ -416,9 +412,9 @@ class TfdistMagics(Magics):
                 continue
         return out
 
-    def _own(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _own(self, rows: list[JobSummary]) -> list[JobSummary]:
         """Only this user's jobs: a namespace or state directory may be shared."""
-        return [r for r in rows if r.get("user") in (self.settings.user, "", None)]
+        return [r for r in rows if r.user in (self.settings.user, "")]
 
     def _find(self, name: str) -> Backend:
         for b in self._all_backends():
@@ -439,13 +435,9 @@ class TfdistMagics(Magics):
         if not rows:
             print("no tfdist jobs")
             return
-        print(f"{'name':24} {'backend':10} {'state':10} {'tasks':7} {'epoch':7} message")
+        print(LIST_HEADER)
         for r in rows:
-            print(
-                f"{r['name']:24} {r['backend']:10} {r['state']:10} "
-                f"{r['tasks_started']}/{r['tasks_total']:<5} "
-                f"{r['epoch']}/{r['epochs'] or '?':<5} {r['message']}{_detached_note(r)}"
-            )
+            print(list_row(r))
 
     def status(self, argv: list[str]) -> None:
         opts = margs.name_parser("status").parse_args(argv)
@@ -482,10 +474,8 @@ class TfdistMagics(Magics):
             stopped = []
             for b in self._all_backends():
                 for r in self._own(self.portal.call(b.list_jobs(), timeout=60)):
-                    if r["state"] not in ("succeeded", "failed", "stopped") and self.portal.call(
-                        b.stop(r["name"]), timeout=60
-                    ):
-                        stopped.append(r["name"])
+                    if not r.state.terminal and self.portal.call(b.stop(r.name), timeout=60):
+                        stopped.append(r.name)
             print(f"stopped {', '.join(stopped)}" if stopped else "no running jobs")
             return
         b = self._find(opts.name)

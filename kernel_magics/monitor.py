@@ -17,7 +17,13 @@ from typing import Any
 
 from ..jobview import LIVE_TASK_STATES, JobView
 
-STATE_COLORS = {"succeeded": "#2e7d32", "failed": "#c62828", "stopped": "#6d4c41", "running": "#1565c0"}
+STATE_COLORS = {
+    "succeeded": "#2e7d32",
+    "failed": "#c62828",
+    "stopped": "#6d4c41",
+    "running": "#1565c0",
+    "queued": "#6a1b9a",
+}
 # One colour per series, in the live charts and their legends alike (matplotlib's tab10)
 PALETTE = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -91,7 +97,7 @@ def _epoch_series(view: JobView) -> dict[str, tuple[list[float], list[float]]]:
 
 
 def header_html(view: JobView, note: str = "") -> str:
-    color = STATE_COLORS.get(view.state, "#555")
+    color = STATE_COLORS.get(view.state_word, "#555")
     took = (view.ended or time.time()) - view.created
     warn = (
         f"<div class='tfdist-stall' style='color:#b26a00;font-weight:bold'>{html.escape(note)}</div>"
@@ -100,7 +106,7 @@ def header_html(view: JobView, note: str = "") -> str:
     )
     return (
         f"<b>tfdist job {html.escape(view.name)}</b> &nbsp; "
-        f"<span style='color:{color};font-weight:bold'>{html.escape(view.state)}</span>"
+        f"<span style='color:{color};font-weight:bold'>{html.escape(view.state_word)}</span>"
         f" &nbsp; {html.escape(view.message or '')} &nbsp; <small>{took:.0f}s</small>{warn}"
     )
 
@@ -348,6 +354,8 @@ class TextMonitor:
 
     def refresh(self, view: JobView) -> None:
         line = f"{view.name}: {view.state} {view.phase} epoch {view.epoch}/{view.epochs or '?'}"
+        if view.queue is not None:  # waiting to be admitted: where, and for about how long
+            line = f"{view.name}: {view.message}"
         if line != self._last:
             print(line, flush=True)
             self._last = line

@@ -188,16 +188,10 @@ async def current_report(
         log.warning("tfdist activity: cannot list jobs: %s", e)
         jobs_error, jobs = str(e)[:1000], []
     me = web_settings["tfdist"].settings.user
-    for j in jobs[:MAX_JOBS]:
-        if j.get("state") not in TERMINAL and (j.get("user") or "") == me:
-            util = [
-                min(100.0, max(0.0, float(u)))
-                for u in j.get("gpu_util") or []
-                if isinstance(u, (int, float)) and not isinstance(u, bool) and math.isfinite(u)
-            ][:MAX_GPUS]
-            running.append(
-                {"name": str(j.get("name"))[:200], "state": str(j.get("state"))[:40], "gpu_util": util}
-            )
+    for j in jobs[:MAX_JOBS]:  # typed summaries (JobSummary): checked where the backend made them
+        if j.state not in TERMINAL and (j.user or "") == me:
+            util = [min(100.0, max(0.0, u)) for u in j.gpu_util if math.isfinite(u)][:MAX_GPUS]
+            running.append({"name": j.name[:200], "state": str(j.state)[:40], "gpu_util": util})
     activity.note_jobs([u for j in running for u in j["gpu_util"]])
     out = activity.report(busy_percent, after)
     out["jobs_error"] = jobs_error

@@ -18,7 +18,7 @@ from jupyter_server.utils import url_path_join
 
 from ..backends import Backend, get_backend
 from ..errors import NoSuchJob
-from ..jobrecords import GpuStatus, JobDetail, JobList, wire
+from ..jobrecords import GpuStatus, JobDetail, JobList, JobSummary, wire
 from ..settings import Settings, from_environ
 from .activity import setup_activity_handlers
 from .logfilter import readable
@@ -65,7 +65,7 @@ class LabState:
         self.sampler = sampler or ServerSampler()
         self.reads = SharedReads()
 
-    async def list_jobs(self) -> list[dict[str, Any]]:
+    async def list_jobs(self) -> list[JobSummary]:
         return await self.reads.get("list", self.backend.list_jobs)
 
     async def status(self, name: str) -> Any:
@@ -113,7 +113,7 @@ class JobsHandler(BaseHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         jobs = await self.tfdist.list_jobs()
-        mine = [j for j in jobs if self.tfdist.owns(j.get("user"))]
+        mine = [j for j in jobs if self.tfdist.owns(j.user)]
         self.write_json(wire(JobList, {"user": self.tfdist.settings.user, "jobs": mine}))
 
 
@@ -124,7 +124,7 @@ class JobHandler(BaseHandler):
         d = view.to_dict()
         d["metrics"] = d["metrics"][-METRICS_TAIL:]
         d["summary"] = view.summary()
-        d["summary"] |= self.tfdist.backend.detach_summary(name, d["summary"].get("ended"))
+        d["summary"] |= self.tfdist.backend.detach_summary(name, d["summary"].get("ended")).fields()
         raw: dict[str, list[str]] = {}
         for task, line in view.logs:
             raw.setdefault(task, []).append(line)

@@ -9,11 +9,15 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import NoSuchJob
+from ..job import detach
+from ..job.detach import DetachSummary, Retention
+from ..job.events import Event
+from ..jobrecords import JobSummary
 from ..jobspec import JobSpec
 from ..jobview import JobView
+from ..settings import KernelSettings
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,9 @@ class Backend(abc.ABC):
         having created nothing."""
 
     @abc.abstractmethod
-    def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
-        """A snapshot event, then every event until the job ends."""
+    def watch(self, name: str) -> AsyncIterator[Event]:
+        """A snapshot event, then every event until the job ends, as checked records (`tfdist.job.events`):
+        a backend decodes what its job sends; a malformed event is dropped and said once in the log."""
 
     @abc.abstractmethod
     async def stop(self, name: str, reason: str = "stopped") -> bool:
@@ -44,8 +49,8 @@ class Backend(abc.ABC):
         `reason` is a `jobview.Reason` value: "interrupted" from an interrupted cell, else "stopped"."""
 
     @abc.abstractmethod
-    async def list_jobs(self) -> list[dict[str, Any]]:
-        """Summaries (JobView.summary()) of this user's jobs, running and recent."""
+    async def list_jobs(self) -> list[JobSummary]:
+        """Summaries of this user's jobs, running and recent (a view's summary and its detach summary)."""
 
     @abc.abstractmethod
     async def status(self, name: str) -> JobView:
@@ -64,10 +69,27 @@ class Backend(abc.ABC):
         it); NoSuchJob, or a subclass with a better sentence, when there is none to take up."""
         raise NoSuchJob(name)
 
-    def detach_summary(self, name: str, ended: float | None = None) -> dict[str, Any]:
+    def detach_summary(self, name: str, ended: float | None = None) -> DetachSummary:
         """What the lab panel and `%tfdist list` add for a detached job (results waiting until when, taken,
-        none); ``ended`` is the job's end from its status when the caller has it."""
-        return {"detached": False}
+        none; `tfdist.job.detach`); ``ended`` is the job's end from its status when the caller has it."""
+        return DetachSummary(detached=False)
+
+    def retention(self) -> Retention:
+        """How long a detached job started now keeps its results (the admin's setting, one rule for every
+        backend: `tfdist.job.detach.retention`), with the sentence when the setting could not be read."""
+        return detach.retention(self.kernel_settings())
+
+    def kernel_settings(self) -> KernelSettings:
+        """The admin's knobs for this server's kernels, as this backend reads them."""
+        return KernelSettings()
+
+    def idle_bytes(self) -> int:
+        """Memory this backend holds on this server for a next job (the local warm pool): free for the job
+        about to start, which takes it over. 0 when it holds none."""
+        return 0
+
+    def release_idle(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Let go of what `idle_bytes` counts (a job that cannot fit otherwise is about to be refused)."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release what this backend object holds (connections); running jobs are not touched."""

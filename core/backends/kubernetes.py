@@ -27,9 +27,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import JobSpecError, NoSuchJob, TfdistError
-from ..events import ErrorInfo, SnapshotEvent, StateEvent, to_wire
+from ..job import detach as dt
+from ..job.detach import DetachSummary
+from ..job.events import ErrorInfo, Event, MetricsEvent, Reader, SnapshotEvent, StateEvent
+from ..job.vocab import JobState
+from ..jobrecords import JobSummary
 from ..jobspec import JobSpec
-from ..jobview import TERMINAL, JobView
+from ..jobview import JobView
 from ..kube import allreduce, lifeline, records, transport
 from ..kube import manifests as mf
 from ..kube import status as st
@@ -37,11 +41,9 @@ from ..kube.agent_client import AgentClient
 from ..kube.api_errors import translate
 from ..kube.cluster import KubeApi, controller_uid, current_namespace, job_resources, quota_shortfall
 from ..kube.podwatch import PodWatch
-from ..settings import KernelSettings, Settings
-from ..settings.groups import DEFAULT_RETENTION_S
+from ..settings import Settings
 from .base import Backend, Launch
 
-DETACHED_RESULT_WAIT_S = DEFAULT_RETENTION_S  # default retention of a detached job's results
 # a job refused for quota that this user's ending jobs still hold waits this long for them to let go
 QUOTA_RELEASE_WAIT_S = 90.0
 
@@ -110,7 +112,7 @@ class KubernetesBackend(Backend):
                 "no image for the job's pods: the server sets TFDIST_WORKER_IMAGE (ask your admin)"
             )
         self.namespace = spec.namespace or self.namespace
-        detach = bool(spec.extra.get("detach"))
+        detach = spec.detach
         try:
             if await self._root(spec.name) is not None:
                 raise JobSpecError(
@@ -123,7 +125,7 @@ class KubernetesBackend(Backend):
             raise translate(exc, "Job", spec.name, spec.namespace or "") from None
         await self._check_quota(spec)
         token = secrets.token_urlsafe(32)
-        retention = KernelSettings().result_retention_s
+        retention = self.retention().seconds  # the rule it was started under (tfdist.job.detach)
         # all-reduce (tfdist.kube.allreduce): chief-0 is a replica too (GPUs, placement), no PS Job
         build: Any = allreduce if spec.strategy == allreduce.STRATEGY else mf
         placement = (
@@ -183,7 +185,7 @@ class KubernetesBackend(Backend):
         )
         self._jobs[spec.name] = job
         if detach:
-            self._remember(job)
+            self._remember(job, retention)
         job.tasks.append(asyncio.ensure_future(self._deliver(spec.name)))
         if not detach:
             job.tasks.append(asyncio.ensure_future(self._lifeline(spec.name, root)))
@@ -278,40 +280,40 @@ class KubernetesBackend(Backend):
     def _live_path(self, name: str) -> str:
         return records.live_path(self.settings.state_dir, self.namespace, name)
 
-    def _sampled(self, job: _Job, ev: dict[str, Any]) -> None:
+    def _sampled(self, job: _Job, ev: MetricsEvent) -> None:
         """Leave the job's latest sample where this server's other processes read it (records.live_path)."""
         now = time.time()
-        if job.done or now - job.sampled < records.LIVE_EVERY_S or not isinstance(ev.get("tasks"), dict):
+        if job.done or now - job.sampled < records.LIVE_EVERY_S:
             return
         job.sampled = now
         with contextlib.suppress(OSError, TypeError, ValueError):
-            records.save(self._live_path(job.spec.name), {"t": ev.get("t") or now, "tasks": ev["tasks"]})
+            records.save(self._live_path(job.spec.name), {"t": ev.t or now, "tasks": ev.tasks})
 
     # ------------------------------------------------------------------ watch
-    async def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
+    async def watch(self, name: str) -> AsyncIterator[Event]:
         """Pod events (scheduling, task states) merged with the coordinator agent's (progress, metrics,
-        logs) once the payload is delivered. Reads only: the cluster runs the job."""
+        logs) once the payload is delivered, as records. Reads only: the cluster runs the job."""
         view = await self.status(name)
-        yield to_wire(SnapshotEvent(view=view.to_dict()))
+        yield SnapshotEvent(view=view.to_dict())
         if view.finished:
             return
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue[Event] = asyncio.Queue()
 
-        async def pump(source: AsyncIterator[dict[str, Any]], what: str) -> None:
+        async def pump(source: AsyncIterator[Any], what: str) -> None:
+            said = Reader(what)  # the pod watch's wire dicts become records here (records pass through)
             try:
-                async for ev in source:
-                    await q.put(ev)
+                async for raw in source:
+                    for ev in said.obj(raw):
+                        await q.put(ev)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # never leave the cell waiting on a dead watcher
                 await q.put(
-                    to_wire(
-                        StateEvent(
-                            state="failed",
-                            t=time.time(),
-                            message=f"{what}: {exc}"[:4096],
-                            error=ErrorInfo(type=type(exc).__name__[:200], message=str(exc)[:4096]),
-                        )
+                    StateEvent(
+                        state=JobState.FAILED,
+                        t=time.time(),
+                        message=f"{what}: {exc}"[:4096],
+                        error=ErrorInfo(type=type(exc).__name__[:200], message=str(exc)[:4096]),
                     )
                 )
 
@@ -321,8 +323,8 @@ class KubernetesBackend(Backend):
         try:
             while True:
                 ev = await q.get()
-                final = ev["type"] == "state" and ev["state"] in TERMINAL
-                if final and ev["state"] != "succeeded":
+                final = isinstance(ev, StateEvent) and ev.state.terminal
+                if final and ev.state != JobState.SUCCEEDED:
                     await self._release(name)
                     self._finish(name)
                 yield ev
@@ -341,7 +343,7 @@ class KubernetesBackend(Backend):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(job.agent.done(), 10)
 
-    async def _agent_events(self, name: str) -> AsyncIterator[dict[str, Any]]:
+    async def _agent_events(self, name: str) -> AsyncIterator[Event]:
         job = self._jobs[name]
         await job.delivered.wait()
         if job.delivery_error is not None:  # the kernel's own verdict: end the job now, not at the deadline
@@ -350,7 +352,7 @@ class KubernetesBackend(Backend):
             raise err
         assert job.agent is not None
         async for ev in job.agent.events():
-            if ev.get("type") == "metrics":
+            if isinstance(ev, MetricsEvent):
                 self._sampled(job, ev)
             yield ev
 
@@ -407,28 +409,22 @@ class KubernetesBackend(Backend):
                 view.metrics.append({"t": live["t"], "tasks": live["tasks"]})
         return view
 
-    async def list_jobs(self) -> list[dict[str, Any]]:
+    async def list_jobs(self) -> list[JobSummary]:
         sel = f"{mf.L_ROOT}=true,{mf.L_USER}={mf.user_label(self.settings.user)}"
         roots = await self.kube.list_root_jobs(self.namespace, sel)
         out = []
         for name in sorted(set(roots) | set(self._jobs)):
             with contextlib.suppress(NoSuchJob):
                 summary = (await self.status(name)).summary()
-                out.append(summary | self.detach_summary(name, summary.get("ended")))
+                summary |= self.detach_summary(name, summary.get("ended")).fields()
+                out.append(JobSummary.model_validate(summary))
         return out
 
-    def detach_summary(self, name: str, ended: float | None = None) -> dict[str, Any]:
+    def detach_summary(self, name: str, ended: float | None = None) -> DetachSummary:
         """From this server's record of the detached job (the kernel that started it wrote it): results
-        waiting in the coordinator pod until the retention passes after the end, or already taken."""
-        rec = records.load(self._record_path(name))
-        if rec is None:
-            return {"detached": False}
-        if "taken" in rec:
-            return {"detached": True, "results": "taken"}
-        if ended is None:
-            return {"detached": True, "results": "pending"}
-        retention = float(rec.get("retention_s") or DETACHED_RESULT_WAIT_S)
-        return {"detached": True, "results": "waiting", "kept_until": ended + retention}
+        waiting in the coordinator pod until the retention passes after the end, or already taken
+        (`tfdist.job.detach.summary`)."""
+        return dt.summary(records.load(self._record_path(name)), ended)
 
     async def logs(self, name: str, task: str | None = None, tail: int | None = None) -> dict[str, str]:
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -473,7 +469,7 @@ class KubernetesBackend(Backend):
     def _record_path(self, name: str) -> str:
         return records.path(self.settings.state_dir, self.namespace, name)
 
-    def _remember(self, job: _Job) -> None:
+    def _remember(self, job: _Job, retention_s: float) -> None:
         """A detached job's token and identity, for `%tfdist attach` in a later kernel of this server."""
         rec = {
             "spec": json.loads(job.spec.to_json()),
@@ -481,7 +477,7 @@ class KubernetesBackend(Backend):
             "root_uid": job.root_uid,
             "job_uids": sorted(job.job_uids),
             "created": job.created,
-            "retention_s": KernelSettings().result_retention_s,
+            "retention_s": retention_s,
         }
         records.save(self._record_path(job.spec.name), rec)
 
@@ -495,20 +491,14 @@ class KubernetesBackend(Backend):
         rec = records.load(self._record_path(name))
         if rec is None:
             raise NoSuchJob(name)
-        if "taken" in rec:
-            raise JobSpecError(
-                f"the results of job {name!r} were already taken by an earlier attach (results come back "
-                "once; they are not kept after that)"
-            )
+        if dt.taken(rec):
+            raise JobSpecError(dt.already_taken(name))
         root = await self._root(name)
         if root is None or root["metadata"]["uid"] != rec["root_uid"]:
             self._forget(name)
-            raise JobSpecError(
-                f"job {name!r} has ended and its results are gone (they are kept until fetched once, or "
-                "for the retention time)"
-            )
+            raise JobSpecError(dt.results_gone(name))
         job = _Job(
-            spec=JobSpec(**rec["spec"]),
+            spec=JobSpec.from_dict(rec["spec"]),
             token=rec["token"],
             created=rec["created"],
             root_uid=rec["root_uid"],

@@ -9,6 +9,7 @@ on after the kernel is gone, and its results stay in the job's directory until o
 (`%tfdist attach NAME`, from any later kernel with this state directory) or until the retention time after
 its end (TFDIST_RESULT_RETENTION_S, set by the admin, default 24 h) has passed; the next use of the backend
 then deletes the job's directory. Results come back once, as on Kubernetes: a second attach is told so.
+Those rules and their sentences are `tfdist.job.detach`'s, shared with the Kubernetes backend.
 """
 
 from __future__ import annotations
@@ -28,33 +29,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob, TfdistError
-from ..events import SnapshotEvent, StateEvent, parse, to_wire
+from ..job import detach as dt
+from ..job.detach import DetachSummary
+from ..job.events import Event, Reader, SnapshotEvent, StateEvent, decode, dumps
+from ..jobrecords import JobSummary
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..procid import ProcessId
-from ..runtime import events
 from ..runtime.netns import wrapper_command
 from ..runtime.tasklog import tail_lines
 from ..runtime.unixsock import short_path
-from ..settings import ENV_ISOLATION, ENV_NETNS, ENV_RESULT_RETENTION_S, KernelSettings
-from ..settings.groups import DEFAULT_RETENTION_S
+from ..settings import ENV_ISOLATION, ENV_NETNS, KernelSettings
 from .base import Backend, Launch
 from .pool import PoolKeeper
 
 KEEP_FINISHED = 20  # finished job directories kept for `%tfdist logs`
 ISOLATION_ENV = ENV_ISOLATION  # "netns" (default) or "none"
-RETENTION_ENV = ENV_RESULT_RETENTION_S  # the admin's: how long a detached job's results wait
 DETACHED_FILE = "detached.json"  # present in a detached job's directory: retention, owner, taken
-
-
-def retention_s(environ: dict[str, str] | None = None) -> float:
-    """The admin's retention for detached results (the same variable as on Kubernetes); bad values fall
-    back to the default rather than keeping results forever or deleting them at once."""
-    return KernelSettings(environ).result_retention_s
-
-
-def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds:g} s"
 
 
 def _read_logs(logdir: str, task: str | None, tail: int | None) -> dict[str, str]:
@@ -75,11 +66,7 @@ class NoSuchDetachedJob(NoSuchJob):
 
     def __init__(self, name: str, retention: float):
         super().__init__(name)
-        self.args = (
-            f"no detached tfdist job named {name!r} is waiting here: it was never started with this "
-            f"server's state directory, belongs to another user, or ended more than {_hours(retention)} ago "
-            "and its results were deleted (see %tfdist list)",
-        )
+        self.args = (dt.nothing_waiting(name, retention),)
 
 
 class LocalBackend(Backend):
@@ -148,9 +135,10 @@ class LocalBackend(Backend):
             json.dump({"gpus": launch.gpus, "cwd": launch.cwd, "env": launch.env}, f)
         with open(os.path.join(d, "payload.bin"), "wb") as f:
             f.write(payload)
-        detach = bool(spec.extra.get("detach"))
+        detach = spec.detach
         if detach:  # the rule it was started under, whatever the environment says later
-            self._write_detached(d, {"retention_s": retention_s(), "uid": os.getuid(), "user": spec.user})
+            keep = self.retention().seconds
+            self._write_detached(d, {"retention_s": keep, "uid": os.getuid(), "user": spec.user})
         with open(os.path.join(d, "state.json"), "w") as f:  # until the supervisor writes its own
             json.dump(
                 {
@@ -165,8 +153,8 @@ class LocalBackend(Backend):
         env[ENV_NETNS] = "1" if prefix else "0"
         env["PYTHONUNBUFFERED"] = "1"
         # a waiting warm pool of this kernel becomes the job's supervisor; a detached job starts fresh
-        warm = None if spec.extra.get("detach") else self._pool.take(d, env)
-        self._pool_next = None if spec.extra.get("detach") else (launch.env, prefix, env)
+        warm = None if detach else self._pool.take(d, env)
+        self._pool_next = None if detach else (launch.env, prefix, env)
         errlog = open(os.path.join(d, "supervisor.log"), "wb")
         proc = warm or subprocess.Popen(
             [*prefix, sys.executable, "-m", "tfdist.runtime.supervisor", d],
@@ -273,7 +261,7 @@ class LocalBackend(Backend):
     def _results_waiting(self, name: str) -> bool:
         """A detached job whose results nobody has taken yet: not pruned with the ordinary finished jobs."""
         rec = self._detached(name)
-        return rec is not None and "taken" not in rec
+        return rec is not None and not dt.taken(rec)
 
     def expire(self, now: float | None = None) -> list[str]:
         """Delete detached jobs whose retention has passed since they ended (results, logs and state);
@@ -284,16 +272,13 @@ class LocalBackend(Backend):
             rec = self._detached(n)
             if rec is None:
                 continue
-            ended = self._ended_at(n)
-            keep = rec.get("retention_s")
-            keep = float(keep) if isinstance(keep, (int, float)) else DEFAULT_RETENTION_S
-            if ended is not None and now - ended > keep:
+            if dt.expired(rec, self._ended_at(n), now):
                 shutil.rmtree(self.jobdir(n), ignore_errors=True)
                 gone.append(n)
         return gone
 
     def _no_detached(self, name: str) -> TfdistError:
-        return NoSuchDetachedJob(name, retention_s())
+        return NoSuchDetachedJob(name, self.retention().seconds)
 
     async def attach(self, name: str) -> None:
         """Check that `name` is a detached job of this user whose results can still be taken; `watch`,
@@ -310,15 +295,9 @@ class LocalBackend(Backend):
         if rec is None:
             if not os.path.exists(os.path.join(d, "spec.json")):
                 raise self._no_detached(name)
-            raise JobSpecError(
-                f"job {name!r} was not started with --detach: it belongs to the kernel that started it "
-                "(its results went there); `%tfdist status` and `%tfdist logs` show it"
-            )
-        if "taken" in rec:
-            raise JobSpecError(
-                f"the results of job {name!r} were already taken by an earlier attach (results come back "
-                "once; they are not kept after that)"
-            )
+            raise JobSpecError(dt.not_detached(name))
+        if dt.taken(rec):
+            raise JobSpecError(dt.already_taken(name))
 
     # ------------------------------------------------------------------ control socket
     async def _request(
@@ -326,19 +305,21 @@ class LocalBackend(Backend):
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         with short_path(os.path.join(self.jobdir(name), "control.sock")) as sock:
             reader, writer = await asyncio.open_unix_connection(sock, limit=64 * 2**20)
-        writer.write(events.dumps({"op": op, **extra}))
+        writer.write(dumps({"op": op, **extra}))
         await writer.drain()
         return reader, writer
 
-    async def watch(self, name: str) -> AsyncIterator[dict[str, Any]]:
+    async def watch(self, name: str) -> AsyncIterator[Event]:
         try:
             reader, writer = await self._request(name, "watch")
         except (FileNotFoundError, ConnectionRefusedError):
-            yield to_wire(SnapshotEvent(view=(await self.status(name)).to_dict()))
+            yield SnapshotEvent(view=(await self.status(name)).to_dict())
             return
+        said = Reader("the job's supervisor")
         try:
             async for line in reader:
-                yield events.loads(line)
+                for ev in said.line(line):
+                    yield ev
         finally:
             writer.close()
             self._release(name)
@@ -350,11 +331,11 @@ class LocalBackend(Backend):
             launch_env, prefix, env = self._pool_next
             self._pool.start(prefix, launch_env, env)
 
-    def pool_bytes(self) -> int:
+    def idle_bytes(self) -> int:
         """Memory held by this kernel's waiting pool: free for the next job, which takes it over."""
         return self._pool.rss()
 
-    def drop_pool(self) -> None:
+    def release_idle(self) -> None:
         self._pool.drop()
 
     def _release(self, name: str) -> None:
@@ -399,7 +380,7 @@ class LocalBackend(Backend):
                 reader, writer = await self._request(name, "status")
                 line = await asyncio.wait_for(reader.readline(), 5)
                 writer.close()
-                ev = parse(events.loads(line)) if line else None  # EventError: a ValueError
+                ev = decode(line) if line else None  # EventError: a ValueError
                 if isinstance(ev, SnapshotEvent):
                     return JobView.from_dict(ev.view)
         return self._offline_view(name)
@@ -447,13 +428,14 @@ class LocalBackend(Backend):
             view.apply(StateEvent(state="failed", message=gone, reason="lost"))
         return view
 
-    async def list_jobs(self) -> list[dict[str, Any]]:
+    async def list_jobs(self) -> list[JobSummary]:
         self.expire()
         out = []
         for n in self._names():
             with contextlib.suppress(NoSuchJob):
-                out.append((await self.status(n)).summary() | self.detach_summary(n))
-        out.sort(key=lambda s: s.get("created") or 0, reverse=True)
+                summary = (await self.status(n)).summary() | self.detach_summary(n).fields()
+                out.append(JobSummary.model_validate(summary))
+        out.sort(key=lambda s: s.created or 0, reverse=True)
         return out
 
     async def logs(self, name: str, task: str | None = None, tail: int | None = None) -> dict[str, str]:
@@ -463,22 +445,14 @@ class LocalBackend(Backend):
         # file reads off the event loop: the Jupyter server's loop serves every tab
         return await asyncio.to_thread(_read_logs, logdir, task, tail)
 
-    def detach_summary(self, name: str, ended: float | None = None) -> dict[str, Any]:
-        """What the lab panel and `%tfdist list` say of a detached job: its results waiting (until when),
-        already taken, or none; nothing for an ordinary job. The job's end is read from its directory."""
+    def detach_summary(self, name: str, ended: float | None = None) -> DetachSummary:
+        """What the lab panel and `%tfdist list` say of a detached job (`tfdist.job.detach.summary`); the
+        job's end and whether its results are there are read from its directory."""
         rec = self._detached(name)
-        if rec is None:
-            return {"detached": False}
-        out: dict[str, Any] = {"detached": True, "results": "pending"}
-        if "taken" in rec:
-            out["results"] = "taken"
-            return out
-        ended = self._ended_at(name)
-        if ended is not None:
-            has = os.path.exists(os.path.join(self.jobdir(name), "result.bin"))
-            out["results"] = "waiting" if has else "none"
-            out["kept_until"] = ended + float(rec.get("retention_s") or DEFAULT_RETENTION_S)
-        return out
+        if rec is None or dt.taken(rec):
+            return dt.summary(rec, None)
+        has = os.path.exists(os.path.join(self.jobdir(name), "result.bin"))
+        return dt.summary(rec, self._ended_at(name), has_results=has)
 
     async def fetch_result(self, name: str) -> bytes | None:
         d = self.jobdir(name)
@@ -487,12 +461,8 @@ class LocalBackend(Backend):
         try:  # atomic: of two kernels attached to one detached job, one gets the results
             os.rename(path, claim)
         except FileNotFoundError:
-            rec = self._detached(name)
-            if rec is not None and "taken" in rec:
-                raise JobSpecError(
-                    f"the results of job {name!r} were already taken by an earlier attach (results come "
-                    "back once; they are not kept after that)"
-                ) from None
+            if dt.taken(self._detached(name)):
+                raise JobSpecError(dt.already_taken(name)) from None
             return None
         with open(claim, "rb") as f:
             data = f.read()

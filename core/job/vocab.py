@@ -20,6 +20,7 @@ __all__ = [
     "FailureKind",
     "JobState",
     "Reason",
+    "Strategy",
     "TaskState",
     "WireEnum",
 ]
@@ -93,6 +94,14 @@ LIVE_TASK_STATES = frozenset(
 STARTED_TASK_STATES = frozenset(
     {TaskState.RUNNING, TaskState.RESTARTING, TaskState.EXITED_OK, TaskState.EXITED, TaskState.STOPPED}
 )
+
+
+class Strategy(WireEnum):
+    """How a job trains: `ps` is ParameterServerStrategy (a coordinator, workers, parameter servers);
+    `allreduce` is MultiWorkerMirroredStrategy (workers only; the first, chief-0, returns the results)."""
+
+    PS = "ps"
+    ALLREDUCE = "allreduce"
 
 
 class Reason(WireEnum):

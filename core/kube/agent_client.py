@@ -17,7 +17,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import BackendUnavailable, TfdistError
-from ..events import EventError, LogEvent, StateEvent, parse, to_wire
+from ..job.events import Event, Reader, StateEvent
+from ..job.vocab import JobState
 from . import signing
 
 TRANSIENT_STATUS = (502, 503, 504)
@@ -117,31 +118,24 @@ class AgentClient:
         if status != 200:
             raise BackendUnavailable(f"the coordinator refused the payload ({status}): {data[:200]!r}")
 
-    async def events(self, start: int = 0) -> AsyncIterator[dict[str, Any]]:
-        """Every event from `start` on, until the job's final state, as checked wire dicts.
+    async def events(self, start: int = 0) -> AsyncIterator[Event]:
+        """Every event from `start` on, until the job's final state, as checked records.
 
         The agent relays what the job's pods sent: each event is parsed here, where it enters the
         kernel, so the backend's watch never reads an unchecked one; a malformed one is dropped, and the
         first of them is said in the job's log."""
         i = start
-        said = False
+        said = Reader("the job's agent")
         while True:
             _, body = await self.request("GET", f"/events?from={i}", timeout=30.0)
             data = json.loads(body)
             i = max(i, data.get("first", i))  # events older than the agent's ring were dropped
             for raw in data["events"]:
                 i += 1
-                try:
-                    ev = parse(raw)
-                except EventError as exc:
-                    if not said:
-                        said = True
-                        why = f"tfdist: ignored a malformed event from the job's agent ({exc})"
-                        yield to_wire(LogEvent(lines=[("tfdist", why)]))
-                    continue
-                yield to_wire(ev)
-                if isinstance(ev, StateEvent) and ev.state in ("succeeded", "failed"):
-                    return
+                for ev in said.obj(raw):
+                    yield ev
+                    if isinstance(ev, StateEvent) and ev.state in (JobState.SUCCEEDED, JobState.FAILED):
+                        return
 
     async def result(self) -> bytes | None:
         status, data = await self.request("GET", "/result", timeout=600.0)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..events import ErrorInfo, Event, LogEvent, StateEvent, TaskEvent, to_wire
+from ..job.events import ErrorInfo, Event, LogEvent, StateEvent, TaskEvent
+from ..job.vocab import FailureKind, JobState, Reason, TaskState
 from ..jobspec import JobSpec
-from ..jobview import JobView, Reason
+from ..jobview import JobView
 from ..tf_config import TaskId
 from . import manifests as mf
 
@@ -39,28 +40,30 @@ def pod_task_state(pod: dict[str, Any]) -> tuple[str, str]:
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
     if pod.get("metadata", {}).get("deletionTimestamp"):
-        return "terminating", ""
+        return TaskState.TERMINATING, ""
     if phase == "Pending":
         for c in status.get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "False":
-                return "unschedulable", c.get("message") or c.get("reason") or "not scheduled"
+                return TaskState.UNSCHEDULABLE, c.get("message") or c.get("reason") or "not scheduled"
         for cs in status.get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
-                return "image-error", f"{waiting['reason']}: {waiting.get('message', '')}".strip()
-        return "pending", "scheduled" if (pod.get("spec") or {}).get("nodeName") else "waiting for a node"
+                return TaskState.IMAGE_ERROR, f"{waiting['reason']}: {waiting.get('message', '')}".strip()
+        return TaskState.PENDING, "scheduled" if (pod.get("spec") or {}).get(
+            "nodeName"
+        ) else "waiting for a node"
     if phase == "Running":
         restarts = sum(cs.get("restartCount", 0) for cs in status.get("containerStatuses") or [])
-        return "running", f"restarts: {restarts}" if restarts else ""
+        return TaskState.RUNNING, f"restarts: {restarts}" if restarts else ""
     if phase == "Succeeded":
-        return "exited-ok", ""
+        return TaskState.EXITED_OK, ""
     if phase == "Failed":
         why = status.get("reason") or status.get("message") or "failed"
         if (pod.get("metadata", {}).get("annotations") or {}).get(mf.A_PS_RESTARTS):
             # --checkpoint-every: the PS Job replaces it and the coordinator pod resumes; when it has no
             # restart left the coordinator fails, and says so
-            return "restarting", f"lost ({why}); being replaced"
-        return "failed", why
+            return TaskState.RESTARTING, f"lost ({why}); being replaced"
+        return TaskState.FAILED, why
     return phase.lower(), ""
 
 
@@ -74,8 +77,8 @@ def newest_per_task(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(newest.values())
 
 
-def task_events(pods: list[dict[str, Any]], tasks: TaskStates) -> list[dict[str, Any]]:
-    """Events (wire dicts, as `watch()` yields them) for the task states that changed; `tasks` is updated
+def task_events(pods: list[dict[str, Any]], tasks: TaskStates) -> list[Event]:
+    """Events (records, as `watch()` yields them) for the task states that changed; `tasks` is updated
     in place. A pod whose labels name no task (chief-0, worker-N, ps-N) is not one of the job's tasks."""
     out: list[Event] = []
     for pod in pods:
@@ -90,69 +93,73 @@ def task_events(pods: list[dict[str, Any]], tasks: TaskStates) -> list[dict[str,
         tasks[task] = st
         node = (pod.get("spec") or {}).get("nodeName")
         out.append(TaskEvent(task=task, state=_text(st[0])[:200], node=_text(node)[:200] if node else None))
-        if st[1] and st[0] in ("unschedulable", "image-error", "failed"):
-            out.append(StateEvent(state="starting", message=_text(f"{task}: {st[1]}")))
+        if st[1] and st[0] in (TaskState.UNSCHEDULABLE, TaskState.IMAGE_ERROR, TaskState.FAILED):
+            out.append(StateEvent(state=JobState.STARTING, message=_text(f"{task}: {st[1]}")))
             out.append(LogEvent(lines=[(task, _text(st[1]))]))
-    return [to_wire(ev) for ev in out]
+    return out
 
 
 def servers_running(tasks: TaskStates, expected: int | None = None) -> bool:
     if expected is not None and len(tasks) < expected:
         return False
-    return bool(tasks) and all(s[0] in ("running", "exited-ok") for s in tasks.values())
+    return bool(tasks) and all(s[0] in (TaskState.RUNNING, TaskState.EXITED_OK) for s in tasks.values())
 
 
-def outcome(tasks: TaskStates, strategy: str = "ps") -> dict[str, Any] | None:
+def outcome(tasks: TaskStates, strategy: str = "ps") -> StateEvent | None:
     """The final state event once the tasks say the job ended: the coordinator succeeded, or the
     coordinator or a PS failed (a failed PS worker is the Job controller's to replace). Under all-reduce a
     failed worker ends the job: the other replicas cannot finish a step without it (no replacement)."""
     chief = tasks.get("chief-0")
-    if chief and chief[0] == "exited-ok":
-        return _final("succeeded", "finished")
+    if chief and chief[0] == TaskState.EXITED_OK:
+        return _final(JobState.SUCCEEDED, "finished")
     failed = {
         t: m
         for t, (s, m) in tasks.items()
-        if s == "failed" and (strategy == "allreduce" or not t.startswith("worker"))
+        if s == TaskState.FAILED and (strategy == "allreduce" or not t.startswith("worker"))
     }
     lost = sorted(t for t in failed if t.startswith("worker")) if strategy == "allreduce" else []
-    if lost and not (chief and chief[0] == "failed"):
+    if lost and not (chief and chief[0] == TaskState.FAILED):
         detail = f" ({failed[lost[0]]})" if failed[lost[0]] not in ("", "failed") else ""
         why = (
             f"all-reduce worker {lost[0]} failed{detail}; the other workers cannot finish a step without it "
             "(its log says why)"
         )
         return _final(
-            "failed", why, ErrorInfo(type="WorkerLost", message=_text(why), reason=Reason.TASK_FAILED.value)
+            JobState.FAILED,
+            why,
+            ErrorInfo(type=FailureKind.WORKER_LOST, message=_text(why), reason=Reason.TASK_FAILED),
         )
-    if failed or (chief and chief[0] == "failed"):
+    if failed or (chief and chief[0] == TaskState.FAILED):
         why = "; ".join(f"{t}: {m}" for t, m in sorted(failed.items()))
         if chief and chief[1] == "DeadlineExceeded":
             why = "the notebook's kernel stopped renewing the job's lifeline; the cluster ended it"
         return _final(
-            "failed", why or "the coordinator failed", ErrorInfo(type="PodFailed", message=_text(why))
+            JobState.FAILED,
+            why or "the coordinator failed",
+            ErrorInfo(type=FailureKind.POD_FAILED, message=_text(why)),
         )
     return None
 
 
-def root_outcome(root: dict[str, Any] | None) -> dict[str, Any] | None:
+def root_outcome(root: dict[str, Any] | None) -> StateEvent | None:
     """The root Job's own verdict (it outlives its pods for FINISHED_TTL_S)."""
     for c in ((root or {}).get("status") or {}).get("conditions") or []:
         if c.get("status") != "True":
             continue
         if c.get("type") == "Complete":
-            return _final("succeeded", "finished")
+            return _final(JobState.SUCCEEDED, "finished")
         if c.get("type") == "Failed":
             why = c.get("message") or c.get("reason") or "failed"
             if c.get("reason") == "DeadlineExceeded":
                 why = "the notebook's kernel stopped renewing the job's lifeline; the cluster ended it"
-            kind = _text(c.get("reason") or "JobFailed")[:200]
-            return _final("failed", why, ErrorInfo(type=kind, message=_text(why)))
+            kind = _text(c.get("reason") or FailureKind.JOB_FAILED)[:200]
+            return _final(JobState.FAILED, why, ErrorInfo(type=kind, message=_text(why)))
     return None
 
 
-def _final(state: str, message: str, error: ErrorInfo | None = None) -> dict[str, Any]:
-    """A final state event as `watch()` yields it (a wire dict)."""
-    return to_wire(StateEvent(state=state, message=_text(message), t=time.time(), error=error))  # type: ignore[arg-type]
+def _final(state: JobState, message: str, error: ErrorInfo | None = None) -> StateEvent:
+    """A final state event as `watch()` yields it."""
+    return StateEvent(state=state, message=_text(message), t=time.time(), error=error)
 
 
 def view(
@@ -174,11 +181,12 @@ def view(
     if done:
         v.apply(done)
     elif root is None:  # deleted first (stop, TTL): its pods only wait for the garbage collector
-        v.state, v.message = "stopped", "the cluster is removing its pods" if pods else "no objects left"
+        v.state = JobState.STOPPED
+        v.message = "the cluster is removing its pods" if pods else "no objects left"
     elif servers_running(tasks, spec.task_count if spec else None):
-        v.state, v.message = "running", "all tasks running"
+        v.state, v.message = JobState.RUNNING, "all tasks running"
     else:
-        v.state = "starting"
+        v.state = JobState.STARTING
     return v
 
 

@@ -15,7 +15,7 @@ import os
 import re
 
 from tfdist import tf_config
-from tfdist.jobview import Reason
+from tfdist.job.vocab import FailureKind, Reason
 
 
 def replica_index(task: str) -> int:
@@ -32,7 +32,7 @@ def worker_failure(jobdir: str, task: str, how: str) -> dict[str, str]:
         err["message"] = f"{err.get('message', '')} (raised on {task})"
         return err
     return {
-        "type": "WorkerLost",
+        "type": FailureKind.WORKER_LOST.value,
         "message": f"all-reduce worker {task} {how}; the other workers cannot finish a step without it",
         "traceback": "",
         "reason": Reason.TASK_FAILED.value,
@@ -55,7 +55,7 @@ def peer_lost(err: dict, me: str) -> dict | None:
     peers = [f"{r}-{i}" for r, i in _PEER.findall(message) if f"{r}-{i}" != me]
     who = f"all-reduce worker {peers[0]}" if peers else "an all-reduce replica"
     return {
-        "type": "WorkerLost",
+        "type": FailureKind.WORKER_LOST.value,
         "message": f"{who} stopped (its pod or process ended); the other workers cannot finish a step "
         "without it",
         "traceback": err.get("traceback", ""),

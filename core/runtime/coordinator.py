@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tfdist.settings import TaskSettings
 
 if TYPE_CHECKING:
-    from tfdist.events import ProgressEvent
+    from tfdist.job.events import ProgressEvent
 
 CELL_FILENAME = "<tfdist cell>"
 # Steps done are read this often during a fit (one tiny read of a variable on the PS): the heartbeat that
@@ -34,13 +34,12 @@ class _Events:
         self._lock = threading.Lock()  # the heartbeat thread sends too: one whole line at a time
 
     def send(self, event: ProgressEvent) -> None:
-        from tfdist.events import to_wire
-        from tfdist.runtime.events import dumps
+        from tfdist.job.events import encode
 
         with self._lock:
             if self._f is not None:
                 try:
-                    self._f.write(dumps(to_wire(event)))
+                    self._f.write(encode(event))
                 except (BrokenPipeError, ValueError):
                     self._f = None
 
@@ -48,7 +47,7 @@ class _Events:
 def _progress(**fields: Any) -> ProgressEvent:
     """A progress record (imported late: the coordinator's first lines run before anything heavy).
     Never raises: Keras may hand numpy counts, and a user's odd metric name must not cost the fit."""
-    from tfdist.events import ProgressEvent
+    from tfdist.job.events import ProgressEvent
 
     for k in ("epoch", "epochs", "step", "steps"):
         if fields.get(k) is not None:

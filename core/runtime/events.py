@@ -1,37 +1,14 @@
-"""The wire format between job parts: one JSON object per line. Tiny on purpose: sockets, pipes and
-pod logs all carry lines."""
+"""The wire format between job parts: one JSON object per line (sockets, pipes and pod logs all carry
+lines). The codec lives with the event records in `tfdist.job.events`; this path stays because job images
+of any version run it. `is_noise` is the live log tails' filter."""
 
 from __future__ import annotations
 
-import json
-import math
 import re
-from typing import Any
 
+from ..job.events import clean_number, dumps, loads
 
-def dumps(event: dict[str, Any]) -> bytes:
-    return (json.dumps(event, default=_default, allow_nan=False, separators=(",", ":")) + "\n").encode()
-
-
-def loads(line: bytes | str) -> dict[str, Any]:
-    return json.loads(line)
-
-
-def clean_number(x: Any) -> float | None:
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _default(obj: Any) -> Any:
-    if hasattr(obj, "item"):  # numpy scalars
-        return clean_number(obj.item())
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
-
+__all__ = ["clean_number", "dumps", "is_noise", "loads"]
 
 # TensorFlow start-up chatter that says nothing about the job; kept in the log files, not in live tails.
 _NOISE = re.compile(

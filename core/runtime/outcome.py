@@ -12,19 +12,20 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from tfdist.job.vocab import FailureKind, JobState
 from tfdist.settings import TaskSettings
 
 
 @dataclass(frozen=True)
 class Outcome:
-    state: str  # "succeeded" or "failed"
+    state: JobState  # succeeded or failed
     message: str
     error: dict[str, Any] | None = None
 
 
 def coordinator_outcome(jobdir: str, code: int | None, ended: str | None = None) -> Outcome:
     if code == 0 and os.path.exists(os.path.join(jobdir, "result.bin")):
-        return Outcome("succeeded", "finished")
+        return Outcome(JobState.SUCCEEDED, "finished")
     try:
         with open(os.path.join(jobdir, "error.json")) as f:
             err = json.load(f)
@@ -33,12 +34,12 @@ def coordinator_outcome(jobdir: str, code: int | None, ended: str | None = None)
             from .allreduce import peer_lost
 
             err = peer_lost(err, ts.task or "chief-0") or err
-        return Outcome("failed", f"{err['type']}: {str(err['message'])[:300]}", err)
+        return Outcome(JobState.FAILED, f"{err['type']}: {str(err['message'])[:300]}", err)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     how = ended or f"exited with code {code}"
     return Outcome(
-        "failed",
+        JobState.FAILED,
         f"the coordinator {how}",
-        {"type": "CoordinatorExit", "message": f"exit code {code}", "traceback": ""},
+        {"type": FailureKind.COORDINATOR_EXIT.value, "message": f"exit code {code}", "traceback": ""},
     )

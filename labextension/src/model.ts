@@ -159,6 +159,12 @@ export function jobUtil(j: IJobSummary): number | null {
   return typeof j.cpu_total === 'number' ? j.cpu_total : null;
 }
 
+/** The word the list shows for a job's state: "queued" while the cluster's queue holds it (the server's
+ * message then says where and for how long, e.g. "queued: 3rd in team-a, about 20 min"). */
+export function stateWord(j: Pick<IJobSummary, 'state' | 'queue'>): string {
+  return j.queue && (j.state === 'pending' || j.state === 'starting') ? 'queued' : j.state;
+}
+
 /** What the panel says of a detached job (it runs without a kernel; its results wait for an attach);
  * null for an ordinary job. `when` formats the time results are kept until. */
 export function detachedText(

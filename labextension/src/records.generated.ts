@@ -1,6 +1,11 @@
 /* Generated from schema/job-records.schema.json (tfdist.jobrecords) by json-schema-to-typescript: do not edit (npm run gen:types). */
 
 /**
+ * A job's state: pending -> starting -> running -> succeeded | failed | stopped.
+ */
+export type JobState = "pending" | "starting" | "running" | "succeeded" | "failed" | "stopped";
+
+/**
  * Generated from tfdist.jobrecords: do not edit (python -m tfdist.jobrecords).
  */
 export interface TfdistRecords {
@@ -55,7 +60,7 @@ export interface JobDetail {
   metrics: MetricsSample[];
   name: string;
   reason?: string;
-  state: "pending" | "starting" | "running" | "succeeded" | "failed" | "stopped";
+  state: JobState;
   summary: JobSummary;
   tasks: {
     [k: string]: TaskRecord;
@@ -98,6 +103,10 @@ export interface JobSummary {
   message: string;
   name: string;
   /**
+   * where the job waits in the cluster's queue (Kueue) until admitted; null once it runs
+   */
+  queue?: QueueInfo | null;
+  /**
    * why it ended (a Reason value); empty while it runs
    */
   reason?: string;
@@ -105,7 +114,7 @@ export interface JobSummary {
    * a detached job's results: pending (still running), waiting, taken (by an attach), none
    */
   results?: ("pending" | "waiting" | "taken" | "none") | null;
-  state: "pending" | "starting" | "running" | "succeeded" | "failed" | "stopped";
+  state: JobState;
   /**
    * training steps done in the current fit
    */
@@ -114,6 +123,16 @@ export interface JobSummary {
   tasks_total: number;
   user: string;
   [k: string]: unknown;
+}
+/**
+ * Where a job waits in the cluster's queue (Kueue) before it is admitted: its place in line (1 is
+ * next) and, when the queue says, which queue, how many workloads are ahead and the estimated wait.
+ */
+export interface QueueInfo {
+  ahead?: number | null;
+  position: number;
+  queue?: string | null;
+  wait_s?: number | null;
 }
 export interface TaskRecord {
   exit_code?: number | null;

@@ -3,7 +3,7 @@
  * Job names, messages and log lines are user text: they only ever go through `textContent`
  * (never innerHTML), so `<img src=x onerror=...>` in a name is shown, not run.
  */
-import { IJobDetail, IJobSummary, Series, TERMINAL, detachedText, stopUnavailable, taskSeries } from './model';
+import { IJobDetail, IJobSummary, Series, TERMINAL, detachedText, stateWord, stopUnavailable, taskSeries } from './model';
 
 const SVG = 'http://www.w3.org/2000/svg';
 
@@ -71,15 +71,17 @@ function jobRow(doc: Document, name: string, state: IListState): HTMLLIElement {
 
 function updateRow(li: HTMLLIElement, j: IJobSummary, series: Series, selected: boolean): void {
   li.classList.toggle('tfdist-selected', selected);
-  li.dataset.state = j.state;
+  const word = stateWord(j);
+  li.dataset.state = word;
   // the full name wraps (a narrow panel must still tell jobs apart) and is the tooltip's first line
   const detached = detachedText(j);
-  li.title = [j.name, `${j.state}${j.message ? `: ${j.message}` : ''}`, ...(detached ? [detached] : [])].join(
-    '\n'
-  );
+  // a queued job's message is its sentence ("queued: 3rd in team-a, about 20 min")
+  const said = word === 'queued' ? j.message : `${word}${j.message ? `: ${j.message}` : ''}`;
+  li.title = [j.name, said, ...(detached ? [detached] : [])].join('\n');
   const state = li.querySelector('.tfdist-state') as HTMLElement;
-  state.className = `tfdist-state tfdist-state-${safeClass(j.state)}`;
-  state.textContent = j.state;
+  state.className = `tfdist-state tfdist-state-${safeClass(word)}`;
+  state.textContent = word;
+  state.title = j.queue ? j.message : '';
   const kind = li.querySelector('.tfdist-kind') as HTMLElement;
   let badge = li.querySelector('.tfdist-detached') as HTMLElement | null;
   if (detached && !badge) {

@@ -6,7 +6,17 @@ import { test } from 'node:test';
 
 import { JSDOM } from 'jsdom';
 
-import { IJobDetail, IJobSummary, IJobsApi, JobsModel, detachedText, jobUtil, statusText, taskSeries } from '../model';
+import {
+  IJobDetail,
+  IJobSummary,
+  IJobsApi,
+  JobsModel,
+  detachedText,
+  jobUtil,
+  stateWord,
+  statusText,
+  taskSeries
+} from '../model';
 import { renderJobDetail, renderJobList } from '../render';
 
 const EVIL = '<img src=x onerror=alert(1)>';
@@ -148,6 +158,24 @@ test('a job name holding HTML renders as text in the list', () => {
   assert.ok(c.querySelector('svg.tfdist-spark polyline'));
   (c.querySelector('.tfdist-job') as HTMLElement).click();
   assert.equal(clicked, EVIL);
+});
+
+test('a job in the cluster\'s queue is "queued" in the list, the server\'s sentence its tooltip', () => {
+  const message = 'queued: 3rd in team-a, about 20 min';
+  const queued = summary('q', { state: 'pending', message, queue: { position: 3, queue: 'team-a', ahead: 2, wait_s: 1200 } });
+  assert.equal(stateWord(queued), 'queued');
+  assert.equal(stateWord(summary('r', { queue: null })), 'running');
+  // a late queue record on a job that already runs or ended does not make it look queued
+  assert.equal(stateWord(summary('s', { state: 'failed', queue: { position: 1 } })), 'failed');
+  const doc = dom();
+  const c = doc.createElement('div');
+  doc.body.appendChild(c);
+  renderJobList(c, [queued], new Map(), null, () => undefined);
+  const state = c.querySelector('.tfdist-state') as HTMLElement;
+  assert.equal(state.textContent, 'queued');
+  assert.equal(state.title, message);
+  assert.ok(state.classList.contains('tfdist-state-queued'));
+  assert.equal((c.querySelector('.tfdist-job') as HTMLElement).title, `q\n${message}`);
 });
 
 test('the job view renders name, message and log lines as text, with a Stop button', () => {
