@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..events import ErrorInfo, LogEvent, TaskEvent, to_wire
+from ..job.vocab import FailureKind
 from ..settings import TaskSettings
 from . import psrecovery, psrestart
 
@@ -214,6 +215,6 @@ class PsWatch:
         """The job's error, in place of the coordinator's own (a lost connection says less)."""
         print("tfdist: " + why, flush=True)
         self.emit(to_wire(LogEvent(lines=(("chief-0", "tfdist: " + why),))))
-        err = ErrorInfo(type="ParameterServerLost", message=why).model_dump()
+        err = ErrorInfo(type=FailureKind.PS_LOST.value, message=why).model_dump()
         with open(os.path.join(self.jobdir, "error.json"), "w") as f:
             json.dump(err, f)

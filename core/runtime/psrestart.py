@@ -3,7 +3,8 @@
 A lost PS takes the fit's variables with it, and TensorFlow's coordinator cannot reconnect to a new one:
 so the supervisor restarts the PS (same address) and the coordinator, which runs the cell again and
 resumes its fit from the last checkpoint (tfdist.runtime.psrecovery). Workers stay: the new coordinator
-registers the cluster afresh. At most MAX_PS_RESTARTS; after that a PS loss ends the job as before.
+registers the cluster afresh. At most the restart policy's PS limit (tfdist.job.restart); after that a PS
+loss ends the job as before. The supervisor is reached through `TaskHost`, its public side for this.
 """
 
 from __future__ import annotations
@@ -11,15 +12,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
-from tfdist.events import TaskEvent
+from tfdist.events import Event, TaskEvent
+from tfdist.job.restart import PS_RESTARTS, RestartPolicy
 from tfdist.jobspec import JobSpec
 from tfdist.runtime import psrecovery
 from tfdist.tf_config import TaskId
 
-MAX_PS_RESTARTS = 3
+if TYPE_CHECKING:  # the coordinator pod (runtime.pspod) imports this module: none of the local spawning
+    from tfdist.runtime.spawn import Task
+
+MAX_PS_RESTARTS = PS_RESTARTS  # the restart policy's (tfdist.job.restart), as the pods and messages name it
 CKPT_DIR = "ckpt"
+
+
+class TaskHost(Protocol):
+    """What a PS's comeback needs of the local supervisor (tfdist.runtime.supervisor.Supervisor)."""
+
+    @property
+    def tasks(self) -> Mapping[str, Task]: ...
+
+    def emit(self, ev: Event) -> None:
+        """Fold an event into the job's view and send it to the watchers."""
+
+    def log(self, task: str, line: str) -> None:
+        """A line in the job's log, as from `task`."""
+
+    async def respawn(self, task: Task) -> None:
+        """Start the task's server again, at its address."""
+
+    def forget(self, task: str) -> None:
+        """Stop sampling the task's process (it ended)."""
 
 
 def checkpoint_env(every: int, jobdir: str) -> dict[str, str]:
@@ -44,7 +69,8 @@ def clear_leftovers(jobdir: str) -> None:
 
 class PsRestart:
     def __init__(self, spec: JobSpec, jobdir: str):
-        self.enabled = spec.strategy == "ps" and bool(spec.checkpoint_every)
+        self.policy = RestartPolicy.for_spec(spec)
+        self.enabled = self.policy.ps_comes_back
         self.every = spec.checkpoint_every or 0
         self.jobdir = jobdir
         self.restarts = 0
@@ -56,19 +82,19 @@ class PsRestart:
         return checkpoint_env(self.every, self.jobdir)
 
     def can_restart(self) -> bool:
-        return self.enabled and self.restarts < MAX_PS_RESTARTS
+        return self.enabled and self.restarts < self.policy.limit("ps")
 
-    async def ps_lost(self, sup: Any, task: Any, how: str) -> None:
+    async def ps_lost(self, sup: TaskHost, task: Task, how: str) -> None:
         """Restart the PS at its address, then end the coordinator: the job's loop starts a new one."""
         self.restarts += 1
         line = restart_line(task.name, how, self.every, self.restarts)
-        sup.pending_logs.append((task.name, line))
+        sup.log(task.name, line)
         if task.log is not None:  # `%tfdist logs` shows it with the PS's own output
             task.log.write(line.encode() + b"\n")
         sup.emit(TaskEvent(task=task.name, state="restarting", restarts=self.restarts))
         task.restarts += 1
         task.killed_for = None
-        await sup._spawn(task, "tfdist.runtime.task")
+        await sup.respawn(task)
         self.resume_pending = True
         chief = sup.tasks["chief-0"]
         if chief.proc is not None and chief.proc.returncode is None:
@@ -76,7 +102,7 @@ class PsRestart:
             with contextlib.suppress(ProcessLookupError):
                 chief.proc.kill()
 
-    async def should_resume(self, sup: Any) -> bool:
+    async def should_resume(self, sup: TaskHost) -> bool:
         """The coordinator ended: is that a PS loss to recover from (and not the cell's own end)?"""
         if not self.enabled:
             return False
@@ -95,13 +121,13 @@ class PsRestart:
             for t in dead:
                 if not self.can_restart():
                     return False
-                sup.sampler.forget(t.name)
+                sup.forget(t.name)
                 await self.ps_lost(sup, t, f"exited with code {t.proc.returncode}")
         if not self.resume_pending:
             return False
         self.resume_pending = False
         clear_leftovers(self.jobdir)
-        sup.sampler.forget("chief-0")
+        sup.forget("chief-0")
         chief.restarts += 1
         chief.killed_for = None
         sup.emit(TaskEvent(task="chief-0", state="restarting", restarts=chief.restarts))
