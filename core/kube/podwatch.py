@@ -1,7 +1,8 @@
 """Following a job's pods: list, then watch from the list's resourceVersion, as task / state / log events
-(tfdist.events records, sent as wire dicts; tfdist.kube.status derives them). Reads only; resumes after API
-server restarts, relists on 410, and ends with the job's verdict: its outcome, "deleted in the cluster",
-or not running within --timeout."""
+(tfdist.events records, sent as wire dicts). Reads only; resumes after API server restarts, relists on 410,
+follows bookmarks. This module is the protocol only: what the pods mean (task states, replacements, the
+job's verdict: its outcome, "deleted in the cluster", or not running within --timeout) is
+tfdist.kube.podfold's."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from ..events import ErrorInfo, EventError, LogEvent, StateEvent, TaskEvent, to_wire
-from . import status as st
 from .cluster import KubeApi
+from .podfold import PodFold, gone, timed_out
 
 WATCH_TIMEOUT_S = 300  # server-side watch timeout; the loop re-opens it from the last resourceVersion
 
@@ -50,38 +50,13 @@ class PodWatch:
         return await self.kube.read_job(self.name, self.namespace) is None
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """List, then watch from the list's resourceVersion; what the pods mean is the fold's."""
         from kubernetes_asyncio import watch
         from kubernetes_asyncio.client.exceptions import ApiException
 
         core = await self.kube.core()
-        tasks: st.TaskStates = {}
-        started_all = False
-        current: dict[str, str] = {}  # task -> name of its newest pod
-        restarts: dict[str, int] = {}
+        fold = PodFold(self.expected, self.strategy)
         rv: str | None = None
-
-        def replaced(task: str, pod_name: str) -> list[dict[str, Any]]:
-            """The Job controller replaced a task's pod: say so once per replacement."""
-            old = current.get(task)
-            current[task] = pod_name
-            if old is None or old == pod_name:
-                return []
-            n = restarts[task] = restarts.get(task, 0) + 1
-            try:
-                return [
-                    to_wire(TaskEvent(task=task, state="restarting", restarts=n)),
-                    to_wire(LogEvent(lines=((task, f"tfdist: {task} pod replaced by the cluster ({n})"),))),
-                ]
-            except EventError:  # a pod labelled with no task name of ours: nothing to say about it
-                return []
-
-        def running() -> list[dict[str, Any]]:
-            nonlocal started_all
-            if not started_all and st.servers_running(tasks, self.expected):
-                started_all = True
-                return [to_wire(StateEvent(state="running", message="all tasks running"))]
-            return []
-
         while True:
             if rv is None:  # (re)list: the current state, and where the watch resumes from
                 try:
@@ -89,29 +64,26 @@ class PodWatch:
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # API server away (restarting): retry until --timeout, forever once running
-                    if not started_all and time.time() > self.deadline:
+                    if not fold.started_all and time.time() > self.deadline:
                         raise
                     await asyncio.sleep(1)
                     continue
-                pods = st.newest_per_task([p for p in body["items"] if self.ours(p)])
-                for p in pods:
-                    for ev in replaced(st.pod_task(p) or "", p["metadata"]["name"]):
-                        yield ev
-                rv = body["metadata"]["resourceVersion"]
-                for ev in st.task_events(pods, tasks):
+                pods = [p for p in body["items"] if self.ours(p)]
+                for ev in fold.listed(pods):
                     yield ev
-                done = st.outcome(tasks, self.strategy)
-                if done is None and not pods and await self._root_gone():
-                    done = to_wire(StateEvent(state="stopped", message="no objects left", t=time.time()))
+                rv = body["metadata"]["resourceVersion"]
+                done = fold.verdict()
+                if done is None and not any(map(fold.relevant, pods)) and await self._root_gone():
+                    done = gone(listed=True)
                 if done:  # it ended while nobody watched
                     yield done
                     return
-                for ev in running():
+                for ev in fold.running():
                     yield ev
             w = watch.Watch()
             limit = (
                 WATCH_TIMEOUT_S
-                if started_all
+                if fold.started_all
                 else max(1.0, min(WATCH_TIMEOUT_S, self.deadline - time.time() + 1))
             )
             try:
@@ -119,37 +91,22 @@ class PodWatch:
                     async for item in pod_stream(w, core, self.namespace, self.selector, rv):
                         obj = item["raw_object"]
                         rv = obj["metadata"].get("resourceVersion", rv)
-                        task = st.pod_task(obj)
-                        if item["type"] == "BOOKMARK" or not task or not self.ours(obj):
+                        if item["type"] == "BOOKMARK" or not fold.relevant(obj) or not self.ours(obj):
                             continue  # bookmarks, and pods someone else labelled as this job's
-                        pod_name = obj["metadata"]["name"]
-                        if item["type"] == "ADDED":
-                            for ev in replaced(task, pod_name):
-                                yield ev
-                        if current.get(task, pod_name) == pod_name:
-                            if item["type"] == "DELETED":
-                                tasks.pop(task, None)
-                            for ev in st.task_events([obj] if item["type"] != "DELETED" else [], tasks):
-                                yield ev
-                        if item["type"] == "DELETED" and not tasks and await self._root_gone():
+                        for ev in fold.changed(item["type"], obj):
+                            yield ev
+                        if item["type"] == "DELETED" and fold.empty and await self._root_gone():
                             # every pod and the root gone while running: deleted by someone else, or with
                             # the notebook pod that owned it (the agent's stream would only time out)
-                            yield to_wire(
-                                StateEvent(
-                                    state="stopped",
-                                    message="the job was deleted in the cluster (with its notebook server, "
-                                    "or by someone else); nothing of it is left",
-                                    t=time.time(),
-                                )
-                            )
+                            yield gone(listed=False)
                             return
-                        done = st.outcome(tasks, self.strategy)
+                        done = fold.verdict()
                         if done:
                             yield done
                             return
-                        for ev in running():
+                        for ev in fold.running():
                             yield ev
-                        if not started_all and time.time() > self.deadline:
+                        if not fold.started_all and time.time() > self.deadline:
                             break
             except TimeoutError:
                 pass
@@ -164,24 +121,17 @@ class PodWatch:
                 await asyncio.sleep(1)
             finally:
                 w.stop()
-            if not started_all and time.time() > self.deadline:
-                yield await self._not_running(tasks)
+            if not fold.started_all and time.time() > self.deadline:
+                yield await self._not_running(fold)
                 return
 
-    async def _not_running(self, tasks: st.TaskStates) -> dict[str, Any]:
-        reasons = "; ".join(f"{t}: {m}" for t, (s, m) in sorted(tasks.items()) if s != "running" and m)
-        if len(tasks) < self.expected:
+    async def _not_running(self, fold: PodFold) -> dict[str, Any]:
+        reasons = fold.not_running()
+        if len(fold.tasks) < self.expected:
             names = (self.name, f"{self.name}-worker", f"{self.name}-ps")
             reasons = "; ".join(
                 filter(None, [reasons, await self.kube.creation_problems(self.namespace, names)])
             )
         if self.on_timeout is not None:
             await self.on_timeout()
-        return to_wire(
-            StateEvent(
-                state="failed",
-                t=time.time(),
-                message=f"not running within --timeout {self.timeout_s:g}s; deleted. {reasons}".strip(),
-                error=ErrorInfo(type="Unschedulable", message=reasons),
-            )
-        )
+        return timed_out(self.timeout_s, reasons)

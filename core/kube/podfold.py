@@ -1,0 +1,118 @@
+"""From a job's pods to its task events and its verdict: the fold that tfdist.kube.podwatch feeds. Pure.
+
+Why apart from the watch: what a pod means (a task's state, a replacement by the Job controller, the job's
+end) does not depend on how the pods arrive (a list, a watch, a relist after 410); kept apart, it is
+tested with plain pod dicts, no API server. Events are wire dicts, as the backend yields them
+(tfdist.kube.status derives each task's state).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..events import ErrorInfo, EventError, LogEvent, StateEvent, TaskEvent, to_wire
+from ..job.vocab import FailureKind
+from . import status as st
+
+Pod = dict[str, Any]
+Wire = dict[str, Any]
+
+DELETED_MESSAGE = (
+    "the job was deleted in the cluster (with its notebook server, or by someone else); nothing of it is left"
+)
+
+
+class PodFold:
+    """The job's tasks as its pods say, folded one list or watch event at a time.
+
+    `expected`: the job's task count (all of them running is the job running); `strategy`: under
+    all-reduce a failed worker ends the job (tfdist.kube.status.outcome)."""
+
+    def __init__(self, expected: int, strategy: str = "ps") -> None:
+        self.expected = expected
+        self.strategy = strategy
+        self.tasks: st.TaskStates = {}
+        self.started_all = False
+        self.current: dict[str, str] = {}  # task -> name of its newest pod
+        self.restarts: dict[str, int] = {}
+
+    @staticmethod
+    def relevant(pod: Pod) -> bool:
+        """A pod whose labels name a task (others are no concern of the job's)."""
+        return bool(st.pod_task(pod))
+
+    def listed(self, pods: list[Pod]) -> list[Wire]:
+        """A (re)list of the job's pods: replacements seen since, then the tasks whose state changed."""
+        pods = st.newest_per_task(pods)
+        out: list[Wire] = []
+        for p in pods:
+            out += self._replaced(st.pod_task(p) or "", p["metadata"]["name"])
+        return out + st.task_events(pods, self.tasks)
+
+    def changed(self, kind: str, pod: Pod) -> list[Wire]:
+        """One watch event (ADDED, MODIFIED, DELETED) of a job's pod; an older pod of a task that has a
+        newer one says nothing about the task."""
+        task = st.pod_task(pod)
+        if not task:
+            return []
+        name = pod["metadata"]["name"]
+        out = self._replaced(task, name) if kind == "ADDED" else []
+        if self.current.get(task, name) == name:
+            if kind == "DELETED":
+                self.tasks.pop(task, None)
+            out += st.task_events([pod] if kind != "DELETED" else [], self.tasks)
+        return out
+
+    @property
+    def empty(self) -> bool:
+        """No task has a pod (every one deleted)."""
+        return not self.tasks
+
+    def verdict(self) -> Wire | None:
+        """The final state event once the tasks say the job ended, else None."""
+        return st.outcome(self.tasks, self.strategy)
+
+    def running(self) -> list[Wire]:
+        """The job's "running" event, once: when every expected task runs (or has finished)."""
+        if not self.started_all and st.servers_running(self.tasks, self.expected):
+            self.started_all = True
+            return [to_wire(StateEvent(state="running", message="all tasks running"))]
+        return []
+
+    def not_running(self) -> str:
+        """Why tasks are not running: each one's words (the scheduler's, the image puller's)."""
+        return "; ".join(f"{t}: {m}" for t, (s, m) in sorted(self.tasks.items()) if s != "running" and m)
+
+    def _replaced(self, task: str, pod_name: str) -> list[Wire]:
+        """The Job controller replaced a task's pod: say so once per replacement."""
+        old = self.current.get(task)
+        self.current[task] = pod_name
+        if old is None or old == pod_name:
+            return []
+        n = self.restarts[task] = self.restarts.get(task, 0) + 1
+        try:
+            return [
+                to_wire(TaskEvent(task=task, state="restarting", restarts=n)),
+                to_wire(LogEvent(lines=((task, f"tfdist: {task} pod replaced by the cluster ({n})"),))),
+            ]
+        except EventError:  # a pod labelled with no task name of ours: nothing to say about it
+            return []
+
+
+def gone(listed: bool) -> Wire:
+    """The verdict for a job with neither pods nor root: found so on a list, or deleted while watched."""
+    message = "no objects left" if listed else DELETED_MESSAGE
+    return to_wire(StateEvent(state="stopped", message=message, t=time.time()))
+
+
+def timed_out(timeout_s: float, reasons: str) -> Wire:
+    """The verdict for a job whose tasks were not all running within --timeout (the backend deleted it)."""
+    return to_wire(
+        StateEvent(
+            state="failed",
+            t=time.time(),
+            message=f"not running within --timeout {timeout_s:g}s; deleted. {reasons}".strip(),
+            error=ErrorInfo(type=FailureKind.UNSCHEDULABLE.value, message=reasons),
+        )
+    )
