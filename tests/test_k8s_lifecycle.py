@@ -17,8 +17,10 @@ import pytest
 
 from tests.test_k8s_backend import backend, left, private_agent_port, spec, wait_gone  # noqa: F401
 from tfdist.backends.base import Launch
+from tfdist.backends.local import LocalBackend
 from tfdist.errors import JobSpecError, NoSuchJob
 from tfdist.kube import manifests as mf
+from tfdist.settings import ENV_RESULT_WAIT_S
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
 
@@ -82,6 +84,7 @@ async def test_the_cluster_ends_a_job_whose_kernel_was_sigkilled_within_90s(
         f"""
         import asyncio, sys
         from tfdist.backends.base import Launch
+from tfdist.backends.local import LocalBackend
         from tfdist.backends.kubernetes import KubernetesBackend
         from tfdist.jobspec import JobSpec
         from tfdist.settings import from_environ
@@ -135,6 +138,27 @@ async def test_a_finished_job_deletes_itself(k8s_plane, k8s_namespace):
         await wait_gone(k8s_plane, ns, "done", 60)
         print(f"\nfinished -> every object gone: {time.time() - t0:.1f}s (TTL {mf.FINISHED_TTL_S}s)")
     finally:
+        await b.close()
+
+
+async def test_a_mistyped_retention_starts_the_detached_job_with_the_default_and_the_local_sentence(
+    k8s_plane, k8s_namespace, tmp_path, monkeypatch
+):
+    """TFDIST_RESULT_RETENTION_S mistyped: the job starts (it was a ValueError traceback), its coordinator
+    keeps the results for the default and the record says so, with the local backend's sentence."""
+    monkeypatch.setenv("TFDIST_RESULT_RETENTION_S", "1 day")
+    ns = k8s_namespace
+    b = backend(k8s_plane, ns, TFDIST_STATE_DIR=str(tmp_path))
+    try:
+        assert b.retention() == LocalBackend(str(tmp_path / "local")).retention()
+        assert b.retention().problem and "'1 day' is not a number of seconds" in b.retention().problem
+        await b.submit(spec("typo", ns, detach=True), b"p", Launch())
+        root = k8s_plane.get(f"/apis/batch/v1/namespaces/{ns}/jobs/typo")
+        env = {e["name"]: e.get("value") for e in root["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env[ENV_RESULT_WAIT_S] == f"{24 * 3600:g}"
+        assert b.detach_summary("typo", ended=1000.0).kept_until == 1000.0 + 24 * 3600
+    finally:
+        await b.stop("typo")
         await b.close()
 
 

@@ -17,9 +17,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import BackendUnavailable, TfdistError
+from ..job import signing
 from ..job.events import Event, Reader, StateEvent
 from ..job.vocab import JobState
-from . import signing
 
 TRANSIENT_STATUS = (502, 503, 504)
 

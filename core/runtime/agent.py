@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from ..events import MetricsEvent, parse, to_wire
-from ..kube import signing
+from ..job import signing
 from . import events as wire
 
 CHUNK = 1 << 20
