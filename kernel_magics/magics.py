@@ -26,6 +26,7 @@ from ..errors import JobFailed, NoSuchJob, TfdistError
 from ..events import LogEvent, StateEvent
 from ..gpus import visible_gpus
 from ..job import detach
+from ..job.vocab import JobState
 from ..jobrecords import JobSummary
 from ..jobspec import JobSpec, default_ps, parse_memory, validate
 from ..jobview import JobView, Reason, state_word
@@ -247,11 +248,11 @@ class TfdistMagics(Magics):
         except BaseException as exc:  # an interrupt, or any failure here: the job must not outlive the cell
             interrupted = isinstance(exc, KeyboardInterrupt)
             reason = Reason.INTERRUPTED if interrupted else Reason.INTERNAL
-            self.portal.call(backend.stop(spec.name, reason.value if interrupted else "stopped"), timeout=30)
+            self.portal.call(backend.stop(spec.name, reason if interrupted else Reason.STOPPED), timeout=30)
             self._drain(view, self._events, timeout=5)  # the job's own last word, with its reason
             if not view.finished:
                 message = reason.sentence() if interrupted else f"{reason.sentence()}: {exc}"
-                view.apply(StateEvent(state="stopped", reason=reason.value, message=message[:65536]))
+                view.apply(StateEvent(state=JobState.STOPPED, reason=reason, message=message[:65536]))
             self._refresh(monitor, view)
             self._leave_picture(handle, monitor, view)
             if interrupted:
@@ -381,7 +382,7 @@ class TfdistMagics(Magics):
             view = self.portal.call(backend.status(view.name))
         self._refresh(monitor, view)
         self._leave_picture(handle, monitor, view)
-        if view.state == "succeeded":
+        if view.state == JobState.SUCCEEDED:
             data = self.portal.call(backend.fetch_result(view.name))
             if data is None:
                 raise JobFailed(f"job {view.name} finished but sent no results back", job=view.name)

@@ -15,7 +15,10 @@ import re
 import time
 from typing import Any
 
+from ..job.vocab import STARTED_TASK_STATES, JobState, TaskState
 from ..jobview import LIVE_TASK_STATES, JobView
+
+SERVING = STARTED_TASK_STATES - {TaskState.EXITED_OK}  # a server task that came up (the start-up bar)
 
 STATE_COLORS = {
     "succeeded": "#2e7d32",
@@ -258,11 +261,7 @@ class WidgetMonitor:
     def refresh(self, view: JobView) -> None:
         self.header.value = header_html(view, self.note)
         servers = max(1, view.total_tasks - 1)
-        started = sum(
-            1
-            for n, t in view.tasks.items()
-            if n != "chief-0" and t.get("state") in ("running", "exited", "restarting", "stopped")
-        )
+        started = sum(1 for n, t in view.tasks.items() if n != "chief-0" and t.get("state") in SERVING)
         self.startup.max, self.startup.value = servers, min(started, servers)
         self.startup_label.value = f"{started}/{servers} servers started"
         if view.epochs:
@@ -284,7 +283,7 @@ class WidgetMonitor:
         self.table.value = tasks_html(view)
         self.logs.value = log_text(view)
         if view.finished:
-            self.startup.bar_style = "success" if view.state == "succeeded" else "danger"
+            self.startup.bar_style = "success" if view.state == JobState.SUCCEEDED else "danger"
 
 
 def legend_html(names: list[str]) -> str:

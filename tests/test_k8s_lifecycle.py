@@ -84,7 +84,6 @@ async def test_the_cluster_ends_a_job_whose_kernel_was_sigkilled_within_90s(
         f"""
         import asyncio, sys
         from tfdist.backends.base import Launch
-from tfdist.backends.local import LocalBackend
         from tfdist.backends.kubernetes import KubernetesBackend
         from tfdist.jobspec import JobSpec
         from tfdist.settings import from_environ

@@ -14,6 +14,7 @@ from ..errors import NoSuchJob
 from ..job import detach
 from ..job.detach import DetachSummary, Retention
 from ..job.events import Event
+from ..job.vocab import Reason
 from ..jobrecords import JobSummary
 from ..jobspec import JobSpec
 from ..jobview import JobView
@@ -43,10 +44,10 @@ class Backend(abc.ABC):
         a backend decodes what its job sends; a malformed event is dropped and said once in the log."""
 
     @abc.abstractmethod
-    async def stop(self, name: str, reason: str = "stopped") -> bool:
+    async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool:
         """End the job and everything it holds. False if there was no such running job.
 
-        `reason` is a `jobview.Reason` value: "interrupted" from an interrupted cell, else "stopped"."""
+        `reason` is a `Reason` value: INTERRUPTED from an interrupted cell, else STOPPED."""
 
     @abc.abstractmethod
     async def list_jobs(self) -> list[JobSummary]:

@@ -30,7 +30,7 @@ from ..errors import JobSpecError, NoSuchJob, TfdistError
 from ..job import detach as dt
 from ..job.detach import DetachSummary
 from ..job.events import ErrorInfo, Event, MetricsEvent, Reader, SnapshotEvent, StateEvent
-from ..job.vocab import JobState
+from ..job.vocab import JobState, Reason
 from ..jobrecords import JobSummary
 from ..jobspec import JobSpec
 from ..jobview import JobView
@@ -372,7 +372,7 @@ class KubernetesBackend(Backend):
         ).events()
 
     # ------------------------------------------------------------------ the rest of the interface
-    async def stop(self, name: str, reason: str = "stopped") -> bool:
+    async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool:
         """Delete the root: the garbage collector takes everything it owns, pods first."""
         self._ended.add(name)
         self._finish(name)

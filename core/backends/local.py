@@ -32,6 +32,7 @@ from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob, Tfd
 from ..job import detach as dt
 from ..job.detach import DetachSummary
 from ..job.events import Event, Reader, SnapshotEvent, StateEvent, decode, dumps
+from ..job.vocab import TERMINAL, JobState, Reason
 from ..jobrecords import JobSummary
 from ..jobspec import JobSpec
 from ..jobview import JobView
@@ -142,7 +143,7 @@ class LocalBackend(Backend):
         with open(os.path.join(d, "state.json"), "w") as f:  # until the supervisor writes its own
             json.dump(
                 {
-                    "state": "pending",
+                    "state": JobState.PENDING,
                     "message": "launching",
                     "created": time.time(),
                     "tasks_total": spec.task_count,
@@ -255,7 +256,7 @@ class LocalBackend(Backend):
                 return None
             st = {}
         # no end recorded: a job still launching is not over; one whose supervisor vanished ended then
-        launching = st.get("state") not in ("succeeded", "failed", "stopped") and time.time() - mtime < 60
+        launching = st.get("state") not in TERMINAL and time.time() - mtime < 60
         return None if launching else mtime
 
     def _results_waiting(self, name: str) -> bool:
@@ -346,7 +347,7 @@ class LocalBackend(Backend):
             if proc.stdin:
                 proc.stdin.close()
 
-    async def stop(self, name: str, reason: str = "stopped") -> bool:
+    async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool:
         if not self.is_running(name):
             return False
         try:
@@ -414,18 +415,14 @@ class LocalBackend(Backend):
                 m for m in st.get("metrics") or [] if isinstance(m, dict) and isinstance(m.get("tasks"), dict)
             )
         except (OSError, ValueError):
-            view.state = "failed"
+            view.state = JobState.FAILED
             view.message = "the job ended without recording its state"
         launching = self._supervisor(name) is None and time.time() - view.created < 60
         # a supervisor that runs but did not answer (its socket not bound yet, busy) is not gone
-        if (
-            view.state not in ("succeeded", "failed", "stopped")
-            and not launching
-            and not self.is_running(name)
-        ):
+        if view.state not in TERMINAL and not launching and not self.is_running(name):
             # died without a word: say so, and no task of it may look alive
             gone = "the job's supervisor is gone"
-            view.apply(StateEvent(state="failed", message=gone, reason="lost"))
+            view.apply(StateEvent(state=JobState.FAILED, message=gone, reason=Reason.LOST))
         return view
 
     async def list_jobs(self) -> list[JobSummary]:

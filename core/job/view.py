@@ -180,7 +180,8 @@ class JobView:
         elif isinstance(ev, StateEvent):
             self._apply_state(ev)
         elif isinstance(ev, TaskEvent):
-            rec = self.tasks.setdefault(str(ev.task), {"state": "pending", "restarts": 0, "gpus": []})
+            new: TaskRecord = {"state": TaskState.PENDING.value, "restarts": 0, "gpus": []}
+            rec = self.tasks.setdefault(str(ev.task), new)
             rec["state"] = ev.state
             for k in ("restarts", "exit_code", "pid"):
                 if getattr(ev, k) is not None:
