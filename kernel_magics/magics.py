@@ -445,7 +445,7 @@ class TfdistMagics(Magics):
         b = self._find(opts.name)
         view = self.portal.call(b.status(opts.name), timeout=30)
         s = view.summary()
-        print(f"{s['name']} ({s['backend']}): {s['state']} - {s['message']}")
+        print(f"{s['name']} ({s['backend']}): {view.state_word} - {s['message']}")
         print(
             f"tasks started {s['tasks_started']}/{s['tasks_total']}, epoch {s['epoch']}/{s['epochs'] or '?'}"
         )
