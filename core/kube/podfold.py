@@ -2,8 +2,8 @@
 
 Why apart from the watch: what a pod means (a task's state, a replacement by the Job controller, the job's
 end) does not depend on how the pods arrive (a list, a watch, a relist after 410); kept apart, it is
-tested with plain pod dicts, no API server. Events are wire dicts, as the backend yields them
-(tfdist.kube.status derives each task's state).
+tested with plain pod dicts, no API server. Events are records (tfdist.job.events), as the backend yields
+them; tfdist.kube.status derives each task's state.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..events import ErrorInfo, EventError, LogEvent, StateEvent, TaskEvent, to_wire
-from ..job.vocab import FailureKind
+from ..job.events import ErrorInfo, Event, LogEvent, StateEvent, TaskEvent
+from ..job.vocab import FailureKind, JobState, TaskState
 from . import status as st
 
 Pod = dict[str, Any]
-Wire = dict[str, Any]
 
 DELETED_MESSAGE = (
     "the job was deleted in the cluster (with its notebook server, or by someone else); nothing of it is left"
@@ -42,22 +41,22 @@ class PodFold:
         """A pod whose labels name a task (others are no concern of the job's)."""
         return bool(st.pod_task(pod))
 
-    def listed(self, pods: list[Pod]) -> list[Wire]:
+    def listed(self, pods: list[Pod]) -> list[Event]:
         """A (re)list of the job's pods: replacements seen since, then the tasks whose state changed."""
         pods = st.newest_per_task(pods)
-        out: list[Wire] = []
+        out: list[Event] = []
         for p in pods:
             out += self._replaced(st.pod_task(p) or "", p["metadata"]["name"])
         return out + st.task_events(pods, self.tasks)
 
-    def changed(self, kind: str, pod: Pod) -> list[Wire]:
+    def changed(self, kind: str, pod: Pod) -> list[Event]:
         """One watch event (ADDED, MODIFIED, DELETED) of a job's pod; an older pod of a task that has a
         newer one says nothing about the task."""
         task = st.pod_task(pod)
         if not task:
             return []
         name = pod["metadata"]["name"]
-        out = self._replaced(task, name) if kind == "ADDED" else []
+        out: list[Event] = self._replaced(task, name) if kind == "ADDED" else []
         if self.current.get(task, name) == name:
             if kind == "DELETED":
                 self.tasks.pop(task, None)
@@ -69,22 +68,22 @@ class PodFold:
         """No task has a pod (every one deleted)."""
         return not self.tasks
 
-    def verdict(self) -> Wire | None:
+    def verdict(self) -> StateEvent | None:
         """The final state event once the tasks say the job ended, else None."""
         return st.outcome(self.tasks, self.strategy)
 
-    def running(self) -> list[Wire]:
+    def running(self) -> list[Event]:
         """The job's "running" event, once: when every expected task runs (or has finished)."""
         if not self.started_all and st.servers_running(self.tasks, self.expected):
             self.started_all = True
-            return [to_wire(StateEvent(state="running", message="all tasks running"))]
+            return [StateEvent(state=JobState.RUNNING, message="all tasks running")]
         return []
 
     def not_running(self) -> str:
         """Why tasks are not running: each one's words (the scheduler's, the image puller's)."""
         return "; ".join(f"{t}: {m}" for t, (s, m) in sorted(self.tasks.items()) if s != "running" and m)
 
-    def _replaced(self, task: str, pod_name: str) -> list[Wire]:
+    def _replaced(self, task: str, pod_name: str) -> list[Event]:
         """The Job controller replaced a task's pod: say so once per replacement."""
         old = self.current.get(task)
         self.current[task] = pod_name
@@ -93,26 +92,24 @@ class PodFold:
         n = self.restarts[task] = self.restarts.get(task, 0) + 1
         try:
             return [
-                to_wire(TaskEvent(task=task, state="restarting", restarts=n)),
-                to_wire(LogEvent(lines=((task, f"tfdist: {task} pod replaced by the cluster ({n})"),))),
+                TaskEvent(task=task, state=TaskState.RESTARTING, restarts=n),
+                LogEvent(lines=((task, f"tfdist: {task} pod replaced by the cluster ({n})"),)),
             ]
-        except EventError:  # a pod labelled with no task name of ours: nothing to say about it
+        except ValueError:  # a pod labelled with no task name of ours: nothing to say about it
             return []
 
 
-def gone(listed: bool) -> Wire:
+def gone(listed: bool) -> StateEvent:
     """The verdict for a job with neither pods nor root: found so on a list, or deleted while watched."""
     message = "no objects left" if listed else DELETED_MESSAGE
-    return to_wire(StateEvent(state="stopped", message=message, t=time.time()))
+    return StateEvent(state=JobState.STOPPED, message=message, t=time.time())
 
 
-def timed_out(timeout_s: float, reasons: str) -> Wire:
+def timed_out(timeout_s: float, reasons: str) -> StateEvent:
     """The verdict for a job whose tasks were not all running within --timeout (the backend deleted it)."""
-    return to_wire(
-        StateEvent(
-            state="failed",
-            t=time.time(),
-            message=f"not running within --timeout {timeout_s:g}s; deleted. {reasons}".strip(),
-            error=ErrorInfo(type=FailureKind.UNSCHEDULABLE.value, message=reasons),
-        )
+    return StateEvent(
+        state=JobState.FAILED,
+        t=time.time(),
+        message=f"not running within --timeout {timeout_s:g}s; deleted. {reasons}".strip(),
+        error=ErrorInfo(type=FailureKind.UNSCHEDULABLE.value, message=reasons),
     )

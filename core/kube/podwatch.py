@@ -1,5 +1,5 @@
 """Following a job's pods: list, then watch from the list's resourceVersion, as task / state / log events
-(tfdist.events records, sent as wire dicts). Reads only; resumes after API server restarts, relists on 410,
+(tfdist.job.events records). Reads only; resumes after API server restarts, relists on 410,
 follows bookmarks. This module is the protocol only: what the pods mean (task states, replacements, the
 job's verdict: its outcome, "deleted in the cluster", or not running within --timeout) is
 tfdist.kube.podfold's."""
@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from ..job.events import Event, StateEvent
 from .cluster import KubeApi
 from .podfold import PodFold, gone, timed_out
 
@@ -49,7 +50,7 @@ class PodWatch:
     async def _root_gone(self) -> bool:
         return await self.kube.read_job(self.name, self.namespace) is None
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    async def events(self) -> AsyncIterator[Event]:
         """List, then watch from the list's resourceVersion; what the pods mean is the fold's."""
         from kubernetes_asyncio import watch
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -125,7 +126,7 @@ class PodWatch:
                 yield await self._not_running(fold)
                 return
 
-    async def _not_running(self, fold: PodFold) -> dict[str, Any]:
+    async def _not_running(self, fold: PodFold) -> StateEvent:
         reasons = fold.not_running()
         if len(fold.tasks) < self.expected:
             names = (self.name, f"{self.name}-worker", f"{self.name}-ps")
