@@ -8,6 +8,9 @@ Layers, each cached by a hash of its inputs as a tag in one OCI layout under
     job       jobdeps + the project wheel; entrypoint tfdist.runtime.podmain      docker/job.Dockerfile
     nbdeps    jobdeps + docker/notebook.lock (jupyterhub-singleuser, JupyterLab)
     notebook  nbdeps + the project wheel (lab extension inside); jupyterhub-singleuser  notebook.Dockerfile
+    hubdeps   base + docker/hub.lock (z2jh 4.4.0's hub requirements + the `hub` extra's)
+    hub       hubdeps + the project wheel; tini -- jupyterhub (z2jh's hub.image)  hub_config/hub.Dockerfile
+    proxy     Debian minbase + node-configurable-http-proxy (z2jh's proxy.chp.image) docker/proxy.Dockerfile
 
 Each image is also written as an OCI archive (``images/archives/tfdist-<name>-<hash>.oci.tar``:
 ``skopeo copy oci-archive:FILE docker://REGISTRY/...`` pushes it) and, with ``--import``, imported into
@@ -39,6 +42,12 @@ MIRRORS = (
     "deb http://deb.debian.org/debian-security bookworm-security main",
 )
 BASE_PACKAGES = ("python3", "python-is-python3", "ca-certificates", "tini")
+# Debian's build of configurable-http-proxy (4.5, Node.js 18): z2jh's proxy pod runs `configurable-http-proxy`
+# with flags every 4.x and 5.x release takes; quay.io's image cannot be pulled here
+PROXY_PACKAGES = ("node-configurable-http-proxy", "ca-certificates", "tini")
+PROXY_USER = "65534"  # z2jh's chp securityContext runs it as nobody
+HUB_SDISTS = ("onetimepass",)  # pure Python, no wheel on PyPI: built from source, the rest wheels only
+IMAGES = ("base", "job", "notebook", "hub", "proxy")
 PYLIB = "usr/local/lib/python3.11/dist-packages"  # where bookworm's python3 looks for local packages
 JOB_ENV = {
     "PYTHONUNBUFFERED": "1",
@@ -148,9 +157,49 @@ def base(tag_hash: str, work: Path) -> None:
     configure(f"base-{tag_hash}", {"PATH": JOB_ENV["PATH"]}, "0", [], ["python3"], [], "/")
 
 
-def pip_layer(src_tag: str, dst_tag: str, work: Path, what: list[str], history: str) -> None:
+def proxy(tag: str, work: Path) -> None:
+    """The configurable-http-proxy image: its own minbase (no Python), Debian's package and tini."""
+    out = work / "proxy.tar"
+    cmd = [
+        "mmdebstrap",
+        "--variant=minbase",
+        f"--include={','.join(PROXY_PACKAGES)}",
+        "--quiet",
+        *(f"--dpkgopt=path-exclude={p}" for p in EXCLUDES),
+        '--customize-hook=rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*',
+        SUITE,
+        str(out),
+        *MIRRORS,
+    ]
+    sh("nice", "-n", "15", *cmd, env={**os.environ, "SOURCE_DATE_EPOCH": "0"})
+    if not (LAYOUT / "index.json").exists():
+        umoci("init", "--layout", LAYOUT)
+    umoci("new", "--image", f"{LAYOUT}:scratch-{tag}")
+    add_layer(f"scratch-{tag}", tag, out, "mmdebstrap minbase " + " ".join(PROXY_PACKAGES))
+    umoci("rm", "--image", f"{LAYOUT}:scratch-{tag}")
+    configure(
+        tag,
+        {"PATH": JOB_ENV["PATH"]},
+        PROXY_USER,
+        ["tini", "--"],
+        ["configurable-http-proxy"],
+        ["8000/tcp", "8001/tcp"],
+        "/",
+    )
+
+
+def pip_layer(
+    src_tag: str,
+    dst_tag: str,
+    work: Path,
+    what: list[str],
+    history: str,
+    sdists: tuple[str, ...] = (),
+    dirs: tuple[str, ...] = (),
+) -> None:
     """``pip install --no-deps`` of ``what`` (a lock file or wheels) into /usr/local of a new layer, with
-    shebangs for the image's python3 and .pyc files that never need rewriting (unchecked-hash)."""
+    shebangs for the image's python3 and .pyc files that never need rewriting (unchecked-hash). `sdists`:
+    packages built from source (pure Python without a wheel); `dirs`: empty directories to add."""
     root = work / "root"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir()
@@ -166,6 +215,7 @@ def pip_layer(src_tag: str, dst_tag: str, work: Path, what: list[str], history: 
         "--quiet",
         "--no-deps",
         "--only-binary=:all:",
+        *(f"--no-binary={name}" for name in sdists),
         "--ignore-installed",
         "--no-compile",
         "--no-warn-script-location",
@@ -183,6 +233,8 @@ def pip_layer(src_tag: str, dst_tag: str, work: Path, what: list[str], history: 
         data = script.read_bytes()
         if data.startswith(b"#!") and b"python" in data.split(b"\n", 1)[0]:
             script.write_bytes(b"#!/usr/bin/python3" + data[data.index(b"\n") :])
+    for d in dirs:
+        (root / d).mkdir(parents=True, exist_ok=True)
     tf_include = root / PYLIB / "tensorflow" / "include"
     shutil.rmtree(tf_include, ignore_errors=True)  # C++ headers: 287 MB nobody in a pod needs
     # Without .pyc files every container's first `import tensorflow` takes 13 s instead of ~5 s.
@@ -351,12 +403,21 @@ def layer_hashes() -> tuple[str, str, str]:
     return h_base, h_jobdeps, h_nbdeps
 
 
+def hub_hashes() -> tuple[str, str]:
+    """Input hashes of the hubdeps layer and of the proxy image."""
+    h_base = layer_hashes()[0]
+    h_hubdeps = digest(h_base, (REPO / "docker" / "hub.lock").read_text(), *HUB_SDISTS)
+    h_proxy = digest(RECIPE_VERSION, SUITE, *MIRRORS, *PROXY_PACKAGES, *EXCLUDES, PROXY_USER)
+    return h_hubdeps, h_proxy
+
+
 def build(names: list[str], do_import: bool, address: str) -> dict:
     CACHE.mkdir(parents=True, exist_ok=True)
     (CACHE / "archives").mkdir(exist_ok=True)
     have = tags()
     timings: dict[str, float] = {}
     h_base, h_jobdeps, h_nbdeps = layer_hashes()
+    h_hubdeps, h_proxy = hub_hashes()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         work = Path(tmp)
@@ -372,7 +433,22 @@ def build(names: list[str], do_import: bool, address: str) -> dict:
 
         step(f"base-{h_base}", lambda: base(h_base, work))
         final: dict[str, str] = {"base": f"base-{h_base}"}
-        if {"job", "notebook"} & set(names):
+        if "proxy" in names:
+            step(f"proxy-{h_proxy}", lambda: proxy(f"proxy-{h_proxy}", work))
+            final["proxy"] = f"proxy-{h_proxy}"
+        if "hub" in names:
+            step(
+                f"hubdeps-{h_hubdeps}",
+                lambda: pip_layer(
+                    f"base-{h_base}",
+                    f"hubdeps-{h_hubdeps}",
+                    work,
+                    ["-r", str(REPO / "docker" / "hub.lock")],
+                    "pip install --no-deps -r docker/hub.lock",
+                    sdists=HUB_SDISTS,
+                ),
+            )
+        if {"job", "notebook", "hub"} & set(names):
             step(
                 f"jobdeps-{h_jobdeps}",
                 lambda: pip_layer(
@@ -435,6 +511,31 @@ def build(names: list[str], do_import: bool, address: str) -> dict:
 
                 step(tag, notebook)
                 final["notebook"] = tag
+            if "hub" in names:
+                tag = f"hub-{digest(APP_RECIPE_VERSION, h_hubdeps, h_app)}"
+
+                def hub() -> None:
+                    # /srv/jupyterhub: the working directory, where z2jh mounts the hub's database volume
+                    pip_layer(
+                        f"hubdeps-{h_hubdeps}",
+                        tag,
+                        work,
+                        [str(whl)],
+                        "pip install --no-deps <project wheel>",
+                        dirs=("srv/jupyterhub",),
+                    )
+                    configure(
+                        tag,
+                        {"PYTHONUNBUFFERED": "1", "PATH": JOB_ENV["PATH"], "HOME": "/home/tfdist"},
+                        "1000",
+                        ["tini", "--"],
+                        ["jupyterhub", "--config", "/usr/local/etc/jupyterhub/jupyterhub_config.py"],
+                        ["8081/tcp"],
+                        "/srv/jupyterhub",
+                    )
+
+                step(tag, hub)
+                final["hub"] = tag
     for name, tag in final.items():
         if name not in names:
             continue
@@ -489,7 +590,7 @@ def gc() -> None:
     current = json.loads((CACHE / "current.json").read_text()) if (CACHE / "current.json").exists() else {}
     h_base, h_jobdeps, h_nbdeps = layer_hashes()
     keep = {v["ref"].split(":", 1)[1] for v in current.values()}
-    keep |= {f"base-{h_base}", f"jobdeps-{h_jobdeps}", f"nbdeps-{h_nbdeps}"}
+    keep |= {f"base-{h_base}", f"jobdeps-{h_jobdeps}", f"nbdeps-{h_nbdeps}", f"hubdeps-{hub_hashes()[0]}"}
     for tag in tags() - keep:
         umoci("rm", "--image", f"{LAYOUT}:{tag}")
     umoci("gc", "--layout", LAYOUT)
@@ -501,7 +602,7 @@ def gc() -> None:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="scripts/build-images", description=__doc__.split("\n\n")[0])
-    ap.add_argument("images", nargs="*", default=["job"], help="base, job, notebook (default: job)")
+    ap.add_argument("images", nargs="*", default=["job"], help=f"{', '.join(IMAGES)} (default: job)")
     ap.add_argument(
         "--import",
         dest="do_import",
@@ -511,9 +612,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--containerd", default="/run/tfdist-cluster/containerd/containerd.sock")
     ap.add_argument("--gc", action="store_true", help="then drop every older image and layer from the cache")
     a = ap.parse_args(argv)
-    bad = [n for n in a.images if n not in ("base", "job", "notebook")]
+    bad = [n for n in a.images if n not in IMAGES]
     if bad:
-        ap.error(f"unknown image {', '.join(bad)} (base, job, notebook)")
+        ap.error(f"unknown image {', '.join(bad)} ({', '.join(IMAGES)})")
     if a.do_import and not os.path.exists(a.containerd):
         ap.error(f"no containerd at {a.containerd}: start the cluster first (scripts/cluster up)")
     t0 = time.monotonic()

@@ -751,3 +751,71 @@ def test_recipe_header_is_what_is_tested(helm):
     for name in ("rbac-hub-tenancy.yaml", "rbac-hub-gpu-view.yaml"):
         assert f"sed 's/NAMESPACE/{NS}/' hub_config/{name} | kubectl apply -f -" in command
     assert "kubectl apply -f hub_config/admission-policy.yaml" in command
+
+
+# ------------------------------------------------------------- versions: the `hub` extra and z2jh's hub image
+
+HUB_IMAGE_REQUIREMENTS = CHART.parent / "images" / "hub" / "requirements.txt"
+HUB_LOCK = REPO / "docker" / "hub.lock"
+
+
+def _pins(text: str) -> dict[str, str]:
+    """name (normalized) -> version of a requirements file's `name==version` lines."""
+    from packaging.utils import canonicalize_name
+
+    out = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            out[canonicalize_name(name)] = version.strip()
+    return out
+
+
+def check_extra_keeps_image_pins(extra: list[str], image: dict[str, str], lock: dict[str, str]) -> list[str]:
+    """What `pip install jupyter-tfdist[hub]` on z2jh's hub image would upgrade (the extra refuses a pinned
+    version), and which of the image's pins the hub image built here (docker/hub.lock) does not keep."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    problems = []
+    for spec in extra:
+        req = Requirement(spec)
+        name = canonicalize_name(req.name)
+        if name in image and not req.specifier.contains(image[name], prereleases=True):
+            problems.append(f"the hub extra's {spec} refuses z2jh's {name}=={image[name]}")
+    for name, version in image.items():
+        if name in ("psycopg2",):  # left out on purpose (docker/hub.lock says why)
+            continue
+        if lock.get(name) != version:
+            problems.append(f"docker/hub.lock has {name}=={lock.get(name)}, z2jh's hub image {version}")
+    return problems
+
+
+def _hub_extra() -> list[str]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["hub"]
+
+
+def test_hub_extra_takes_z2jh_hub_image_as_it_is():
+    """JupyterHub 5.5 / kubespawner 7.0 of z2jh 4.4's hub image satisfy the extra: the admin's
+    `FROM k8s-hub:4.4.0` + `pip install jupyter-tfdist[hub]` upgrades nothing under z2jh's config."""
+    if not HUB_IMAGE_REQUIREMENTS.is_file():
+        _missing(f"z2jh's hub image recipe is missing at {HUB_IMAGE_REQUIREMENTS}")
+    image = _pins(HUB_IMAGE_REQUIREMENTS.read_text())
+    assert image["jupyterhub"].startswith("5.5.")
+    assert check_extra_keeps_image_pins(_hub_extra(), image, _pins(HUB_LOCK.read_text())) == []
+
+
+def test_mistake_hub_extra_pins_jupyterhub_6():
+    if not HUB_IMAGE_REQUIREMENTS.is_file():
+        _missing(f"z2jh's hub image recipe is missing at {HUB_IMAGE_REQUIREMENTS}")
+    image = _pins(HUB_IMAGE_REQUIREMENTS.read_text())
+    extra = [s if not s.startswith("jupyterhub>") else "jupyterhub>=6.1,<7" for s in _hub_extra()]
+    lock = {**_pins(HUB_LOCK.read_text()), "jupyterhub": "6.1.1"}
+    problems = check_extra_keeps_image_pins(extra, image, lock)
+    assert problems == [
+        "the hub extra's jupyterhub>=6.1,<7 refuses z2jh's jupyterhub==5.5.0",
+        "docker/hub.lock has jupyterhub==6.1.1, z2jh's hub image 5.5.0",
+    ], problems
