@@ -90,3 +90,14 @@ def test_the_guard_fails_every_way_out_of_the_process(pytester: pytest.Pytester)
     }, outcomes
     assert outcomes["test_pure"] == outcomes["test_not_unit"] == "passed"
     result.stdout.fnmatch_lines(["*the unit run refused: started a process*"])  # the caught one
+
+
+def test_every_listed_module_exists() -> None:
+    from pathlib import Path
+
+    from tests.unitguard import UNIT_MODULES, unit_paths
+
+    root = Path(__file__).resolve().parents[1]
+    assert len(unit_paths()) == len(UNIT_MODULES), sorted(
+        m for m in UNIT_MODULES if not (root / "tests" / f"{m}.py").is_file()
+    )  # a renamed module would leave the unit run silently
