@@ -11,7 +11,7 @@ everything forwarded between the pod bridge and any other interface. ``down`` un
 it recorded at the first ``up``: processes, containers, mounts, network namespaces, bridges, routes,
 iptables chains, ipsets, nftables tables and sysctls; containerd's image store stays cached.
 
-    python -m tests.realnode up | down | status | user NAME      (what scripts/cluster runs)
+    python -m tests.realnode up | down | status | hub | user NAME      (what scripts/cluster runs)
 """
 
 from __future__ import annotations
@@ -1082,7 +1082,7 @@ def down() -> dict:
     for k, v in (before.get("sysctls") or {}).items():
         if v is not None and read_sysctl(k) != v:
             write_sysctl(k, v)
-    for leftover in (VARLIB / "kubelet", VARLIB / "pod-logs"):
+    for leftover in (VARLIB / "kubelet", VARLIB / "pod-logs", VARLIB / "hub-db"):
         shutil.rmtree(leftover, ignore_errors=True)
     remove_log_links()
     for name in os.listdir("/var/lib/cni/results") if os.path.isdir("/var/lib/cni/results") else []:
@@ -1369,7 +1369,7 @@ def private_stdout() -> None:
         ) from e
 
 
-USAGE = "usage: scripts/cluster up|down|status, or scripts/cluster user NAME"
+USAGE = "usage: scripts/cluster up|down|status|hub, or scripts/cluster user NAME"
 
 
 def main(argv: list[str]) -> int:
@@ -1384,6 +1384,20 @@ def main(argv: list[str]) -> int:
             print(f"cluster: {e}", file=sys.stderr)
             return 2
         except ClusterError as e:
+            print(f"cluster: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if argv == ["hub"]:  # the z2jh chart on the running cluster (tests/realnode_z2jh.py)
+        # its errors are tests.realnode's classes (this file may run as __main__)
+        from tests import realnode, realnode_z2jh
+
+        try:
+            with locked():
+                sys.stdout.write(realnode_z2jh.hub_cli())
+        except realnode.UsageError as e:
+            print(f"cluster: {e}", file=sys.stderr)
+            return 2
+        except realnode.ClusterError as e:
             print(f"cluster: {e}", file=sys.stderr)
             return 1
         return 0

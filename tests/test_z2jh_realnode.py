@@ -1,0 +1,275 @@
+"""The hub admin's path with the zero-to-jupyterhub chart, end to end on the one-machine cluster's real node
+(issue 24): what `scripts/cluster hub` runs (tests/realnode_z2jh.py: hub_config/values.yaml + this machine's
+images and address), then, as users and the admin do it through proxy-public:
+
+log in; the tfdist form shows the profiles of hub_config/profiles.yaml; spawn with the form's defaults into
+the user's own namespace; examples/digits.ipynb trains in that pod with the Kubernetes backend; the GPU page
+answers the admin and refuses a user; `helm upgrade` with an edited profiles file changes the form and keeps
+the running server; `helm uninstall` then the documented cleanup (docs/admins.md) leave no tenant object.
+
+The hub runs the JupyterHub of z2jh 4.4's hub image (5.5, docker/hub.lock); one module-wide deployment,
+the tests in order (each needs the one before).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import requests
+import yaml
+
+from tests import realnode, realnode_z2jh
+from tests.hub_user import HubUser, form_defaults
+from tests.test_k8s_realnode_hub import CHECK, code_cells, job_objects
+
+pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.timeout(2400)]
+
+NS = realnode_z2jh.NAMESPACE
+# Two cores: the hub, the proxy, the profile's smallest notebook (0.5 core) and four job pods at 0.3 core
+JOB_FLAGS = "--cpu 0.3 --memory 1536Mi"
+GPU_PAGE = "/services/tfdist-gpu-admin/"
+TENANT = "tfdist.io/tenant"
+# what the spawner converges in a user namespace and docs/admins.md says stays after `helm uninstall`
+# (until `kubectl delete namespace -l tfdist.io/tenant=true`)
+TENANT_KINDS = {
+    "pods": "/api/v1/namespaces/{ns}/pods",
+    "services": "/api/v1/namespaces/{ns}/services",
+    "secrets": "/api/v1/namespaces/{ns}/secrets",
+    "pvcs": "/api/v1/namespaces/{ns}/persistentvolumeclaims",
+    "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
+}
+
+
+@dataclass
+class Deployed:
+    state: dict
+    hub: realnode_z2jh.Hub
+    images: realnode_z2jh.Images
+    user: str
+    timings: dict
+
+
+def _wait(what: str, probe, timeout: float, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {last!r}")
+
+
+def tenant_namespaces(real_cluster) -> list[str]:
+    items = (real_cluster.get(f"/api/v1/namespaces?labelSelector={TENANT}%3Dtrue") or {}).get("items", [])
+    return [n["metadata"]["name"] for n in items if n["metadata"]["name"].startswith(NS + "-")]
+
+
+@pytest.fixture(scope="module")
+def deployed(real_cluster) -> Iterator[Deployed]:
+    real_cluster.ensure()
+    state = real_cluster.state
+    t0 = time.monotonic()
+    images = realnode_z2jh.build_images()
+    t_images = time.monotonic() - t0
+    t0 = time.monotonic()
+    with realnode.locked():
+        hub = realnode_z2jh.deploy(state, images=images)
+    d = Deployed(state, hub, images, f"u{uuid.uuid4().hex[:6]}", {"images": t_images})
+    d.timings["install"] = time.monotonic() - t0
+    try:
+        yield d
+    finally:
+        print(f"\nz2jh timings: {json.dumps({k: round(v, 1) for k, v in d.timings.items()})}")
+        try:
+            realnode_z2jh.uninstall(state)
+        except realnode.ClusterError:
+            pass  # the test uninstalled it already
+        for ns in [*tenant_namespaces(real_cluster), NS]:
+            real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+
+def profile_slugs(form: str) -> list[str]:
+    """The profiles the form offers (one radio input each)."""
+    return re.findall(r'name="profile"[^>]*value="([^"]+)"', form)
+
+
+def visible_profiles(profiles_yaml: str) -> dict[str, str]:
+    """slug -> display_name of the profiles every user may choose (groups ["*"])."""
+    doc = yaml.safe_load(profiles_yaml)
+    return {p["slug"]: p["display_name"] for p in doc["profiles"] if "*" in p.get("groups", [])}
+
+
+def test_user_logs_in_spawns_from_the_form_and_the_example_trains(real_cluster, deployed: Deployed) -> None:
+    hub, user = deployed.hub, deployed.user
+    ns = f"{NS}-{user}"
+    # the hub, proxy and nothing else of the chart run in jhub, from this machine's images
+    pods = real_cluster.get(f"/api/v1/namespaces/{NS}/pods")["items"]
+    images = {c["image"] for p in pods for c in p["spec"]["containers"]}
+    assert images == {deployed.images.hub, deployed.images.proxy}, images
+    hub_pod = next(p for p in pods if p["metadata"]["labels"].get("component") == "hub")
+    assert hub_pod["spec"]["serviceAccountName"] == "hub"
+
+    nb = HubUser(hub.url, user, hub.password)
+    nb.login()
+    form = nb.form()
+    offered = profile_slugs(form)
+    expected = visible_profiles(realnode_z2jh.PROFILES.read_text())
+    assert offered == list(expected), (offered, expected)
+    for name in expected.values():
+        assert name in form
+    t0 = time.monotonic()
+    nb.spawn_with(form_defaults(form))
+    nb.wait_server(timeout=600)
+    deployed.timings["spawn"] = time.monotonic() - t0
+
+    # the user's own namespace, converged by the spawner (tenancy), the pod on the real node
+    ns_obj = real_cluster.get(f"/api/v1/namespaces/{ns}")
+    assert ns_obj["metadata"]["labels"][TENANT] == "true"
+    assert real_cluster.get(f"/api/v1/namespaces/{ns}/resourcequotas/tfdist-quota") is not None
+    assert real_cluster.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles")["items"]
+    (pod,) = [
+        p
+        for p in real_cluster.get(f"/api/v1/namespaces/{ns}/pods")["items"]
+        if p["metadata"]["labels"].get("component") == "singleuser-server"
+    ]
+    assert (
+        pod["spec"]["nodeName"] == realnode.NODE_NAME
+        and pod["spec"]["serviceAccountName"] == "tfdist-notebook"
+    )
+    assert not real_cluster.get(f"/api/v1/namespaces/{NS}/pods?labelSelector=component%3Dsingleuser-server")[
+        "items"
+    ], "a notebook pod in the hub's namespace"
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["TFDIST_BACKEND"] == "kubernetes" and env["TFDIST_WORKER_IMAGE"] == deployed.images.job
+    r = nb.server_api("GET", "/me")
+    assert r.status_code == 200 and r.json()["identity"]["username"] == user, r.text
+
+    # the example, in the pod's kernel, its %%tfdist job as pods of the user's namespace
+    example = json.loads((realnode.REPO / "examples" / "digits.ipynb").read_text())
+    r = nb.server_api(
+        "PUT", "/contents/digits.ipynb", json={"type": "notebook", "format": "json", "content": example}
+    )
+    assert r.status_code in (200, 201), r.text
+    kernel = nb.open_kernel("digits.ipynb")
+    t0 = time.monotonic()
+    try:
+        for code in code_cells(example):
+            if code.startswith("%%tfdist run"):
+                first, rest = code.split("\n", 1)
+                code = f"{first} {JOB_FLAGS}\n{rest}"
+            res = kernel.execute(code, timeout=900)
+            assert res.error is None, f"cell failed:\n{code}\n{res.error}\nstdout:\n{res.stdout[-3000:]}"
+            if code.startswith("%%tfdist run"):
+                assert "succeeded" in res.stdout, res.stdout[-3000:]
+        out = kernel.execute(CHECK, timeout=120)
+        assert out.error is None, out.error
+        result = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+        assert result["changed"] and result["epochs"] == 8 and result["acc"] > 0.85, result
+    finally:
+        kernel.close()
+    deployed.timings["example"] = time.monotonic() - t0
+    _wait("no object of the finished job", lambda: not job_objects(real_cluster, ns), timeout=60)
+
+
+def test_gpu_page_answers_the_admin_and_refuses_a_user(deployed: Deployed) -> None:
+    hub = deployed.hub
+    admin = HubUser(hub.url, realnode_z2jh.ADMIN, hub.admin_password)
+    admin.login()
+    r = admin.session.get(f"{hub.url}{GPU_PAGE}", timeout=60)
+    assert r.status_code == 200 and "GPU servers" in r.text, (r.status_code, r.text[:500])
+    # the page's data (admin.js renders it): the user's running server, as the hub in its pod sees it
+    r = admin.session.get(f"{hub.url}{GPU_PAGE}api/servers", timeout=60)
+    assert r.status_code == 200 and deployed.user in r.text, (r.status_code, r.text[:500])
+    user = HubUser(hub.url, deployed.user, hub.password)
+    user.login()
+    for path in ("", "api/servers"):
+        r = user.session.get(f"{hub.url}{GPU_PAGE}{path}", timeout=60)
+        assert r.status_code == 403, (path, r.status_code, r.text[:300])
+
+
+def test_helm_upgrade_with_edited_profiles_changes_the_form_and_keeps_the_server(
+    real_cluster, deployed: Deployed
+) -> None:
+    hub, user = deployed.hub, deployed.user
+    ns = f"{NS}-{user}"
+    before = real_cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector=component%3Dsingleuser-server")
+    (pod,) = before["items"]
+    doc = yaml.safe_load(realnode_z2jh.PROFILES.read_text())
+    cpu = next(p for p in doc["profiles"] if "*" in p.get("groups", []))
+    cpu["display_name"] = "CPU only (edited)"
+    t0 = time.monotonic()
+    with realnode.locked():
+        realnode_z2jh.deploy(
+            deployed.state, profiles=yaml.safe_dump(doc, sort_keys=False), images=deployed.images
+        )
+    deployed.timings["upgrade"] = time.monotonic() - t0
+
+    nb = HubUser(hub.url, user, hub.password)
+    nb.login()
+    form = nb.form("second")  # a named server's form: the default one runs
+    assert "CPU only (edited)" in form
+    # the server spawned before the upgrade still runs, the same pod, and the new hub knows it
+    after = real_cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector=component%3Dsingleuser-server")
+    assert [p["metadata"]["uid"] for p in after["items"]] == [pod["metadata"]["uid"]]
+    nb.wait_server(timeout=60)
+    r = requests.get(
+        f"{hub.url}/hub/api/users/{user}", headers={"Authorization": f"token {nb.api_token()}"}, timeout=30
+    )
+    assert r.status_code == 200 and r.json()["servers"][""]["ready"], r.text
+
+
+def test_helm_uninstall_then_the_documented_cleanup_leaves_no_tenant_object(
+    real_cluster, deployed: Deployed
+) -> None:
+    hub, user = deployed.hub, deployed.user
+    ns = f"{NS}-{user}"
+    admin = HubUser(hub.url, realnode_z2jh.ADMIN, hub.admin_password)
+    admin.login()
+    # docs/admins.md: stop the servers, then uninstall, then remove the user namespaces
+    r = requests.delete(
+        f"{hub.url}/hub/api/users/{user}/server",
+        headers={"Authorization": f"token {admin.api_token()}"},
+        timeout=60,
+    )
+    assert r.status_code in (202, 204), r.text
+    _wait(
+        "the notebook pod gone",
+        lambda: not real_cluster.get(f"/api/v1/namespaces/{ns}/pods")["items"],
+        timeout=120,
+    )
+    t0 = time.monotonic()
+    realnode_z2jh.uninstall(deployed.state)
+    deployed.timings["uninstall"] = time.monotonic() - t0
+    left = [
+        f"{p['kind'] if 'kind' in p else 'obj'}/{p['metadata']['name']}"
+        for p in realnode_z2jh_objects(real_cluster)
+    ]
+    assert not left, left
+    # what stays (docs/admins.md): the user namespaces with what the spawner converged there, no workload
+    assert ns in tenant_namespaces(real_cluster)
+    for kind, path in TENANT_KINDS.items():
+        items = (real_cluster.get(path.format(ns=ns)) or {"items": []})["items"]
+        names = [o["metadata"]["name"] for o in items]
+        assert kind == "secrets" or not names, (kind, names)
+    realnode_z2jh.kubectl(deployed.state, "delete", "namespace", "-l", f"{TENANT}=true", "--wait=false")
+    _wait("no tenant namespace", lambda: not tenant_namespaces(real_cluster), timeout=180, interval=1)
+
+
+def realnode_z2jh_objects(real_cluster) -> list[dict]:
+    """The chart's workloads and services left in jhub (helm uninstall removes them)."""
+    out = []
+    for path in (
+        f"/apis/apps/v1/namespaces/{NS}/deployments",
+        f"/api/v1/namespaces/{NS}/services",
+        f"/api/v1/namespaces/{NS}/pods",
+        f"/api/v1/namespaces/{NS}/persistentvolumeclaims",
+    ):
+        out += (real_cluster.get(path) or {"items": []})["items"]
+    return out
