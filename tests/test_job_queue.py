@@ -15,7 +15,7 @@ import pytest
 from tests.doubles.event_backend import EventBackend
 from tfdist.events import EventError, QueueEvent, StateEvent, parse, to_wire
 from tfdist.jobrecords import JobList, JobSummary, wire
-from tfdist.jobview import JobView
+from tfdist.jobview import JobView, summary_fields
 from tfdist.kernel_magics.magics import TfdistMagics
 from tfdist.kernel_magics.monitor import TextMonitor, header_html
 
@@ -150,6 +150,9 @@ def test_the_lab_servers_json_carries_it(jp_fetch, jp_serverapp, jp_asyncio_loop
 
 def test_the_panels_generated_type_has_it() -> None:
     """The committed TypeScript (generated from the schema that tests/test_jobrecords.py keeps current)."""
+    fields = summary_fields()  # the view's fields marked summary(...): the summary's without an edit there
+    assert "queue" in fields and set(fields) <= set(JobSummary.model_fields)
+    assert JobSummary.model_fields["queue"].description == fields["queue"][1].description
     ts = (ROOT / "labextension" / "src" / "records.generated.ts").read_text()
     summary = ts[ts.index("export interface JobSummary {") :]
     assert "queue?: QueueInfo | null;" in summary[: summary.index("\n}")]

@@ -299,8 +299,8 @@ class KubernetesBackend(Backend):
             return
         q: asyncio.Queue[Event] = asyncio.Queue()
 
-        async def pump(source: AsyncIterator[Any], what: str) -> None:
-            said = Reader(what)  # the pod watch's wire dicts become records here (records pass through)
+        async def pump(source: AsyncIterator[Any], origin: str, what: str) -> None:
+            said = Reader(origin)  # the pod watch's wire dicts become records here (records pass through)
             try:
                 async for raw in source:
                     for ev in said.obj(raw):
@@ -317,9 +317,11 @@ class KubernetesBackend(Backend):
                     )
                 )
 
-        workers = [asyncio.ensure_future(pump(self._pod_events(name, view), "lost track of the job's pods"))]
+        pods = pump(self._pod_events(name, view), "the job's pods", "lost track of the job's pods")
+        workers = [asyncio.ensure_future(pods)]
         if name in self._jobs:
-            workers.append(asyncio.ensure_future(pump(self._agent_events(name), "the coordinator")))
+            agent = pump(self._agent_events(name), "the job's agent", "the coordinator")
+            workers.append(asyncio.ensure_future(agent))
         try:
             while True:
                 ev = await q.get()

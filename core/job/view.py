@@ -161,11 +161,10 @@ class JobView:
     def apply(self, ev: Event | Mapping[str, Any]) -> bool:
         """Fold one event in; False when it was malformed and dropped.
 
-        Takes a record or its wire dict. The dict form is parsed here, at the one place every stream
-        meets (the local supervisor's socket, the Kubernetes pods and the agent relaying the coordinator,
-        through the backends' `watch()` and the kernel's portal), so no source can feed this reducer
-        anything unchecked, and a bad event costs neither the monitor nor the job: it is dropped, said
-        once in the log tail and counted in `dropped`.
+        Takes a record (what the backends' `watch()` yields: they decode their streams with
+        `events.Reader`) or a wire dict (a snapshot handed over, a state file's word). The dict form is
+        parsed here, so nothing unchecked reaches this reducer, and a bad event costs neither the
+        monitor nor the job: it is dropped, said once in the log tail and counted in `dropped`.
         """
         if not isinstance(ev, events.EVENT_TYPES):
             try:
