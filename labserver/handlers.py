@@ -18,6 +18,7 @@ from jupyter_server.utils import url_path_join
 
 from ..backends import Backend, get_backend
 from ..errors import NoSuchJob
+from ..job.vocab import JobState
 from ..jobrecords import GpuStatus, JobDetail, JobList, JobSummary, wire
 from ..settings import Settings, from_environ
 from .activity import setup_activity_handlers
@@ -154,7 +155,7 @@ class StopHandler(BaseHandler):
         try:
             state = (await self.tfdist.backend.status(name)).state
         except NoSuchJob:  # Kubernetes: a stopped job leaves no objects to read
-            state = "stopped"
+            state = JobState.STOPPED
         self.log.info("tfdist: %s stopped job %s (was %s)", self.tfdist.settings.user, name, view.state)
         self.write_json({"name": name, "stopped": stopped, "state": state})
 
