@@ -133,6 +133,7 @@ def test_the_double_answers_per_driver_privilege_and_a_lost_gpu(nvml_file: Path,
 
 
 # ---- the samplers ------------------------------------------------------------------------------------------
+# (the lab's samplers tick on tornado's loop: their tests are async, so each has a running loop of its own)
 
 
 def test_a_mig_instance_reads_its_own_memory_and_no_utilization(nvml_file: Path) -> None:
@@ -183,7 +184,9 @@ def test_task_sampler_reads_a_task_given_mig_instances_by_uuid(nvml_file: Path) 
     assert (whole["index"], whole["util (%)"], "util_missing" in whole) == (2, 40.0, False)
 
 
-def test_the_lab_sampler_shows_each_instance_not_the_parent_three_times(nvml_file: Path, monkeypatch) -> None:
+async def test_the_lab_sampler_shows_each_instance_not_the_parent_three_times(
+    nvml_file: Path, monkeypatch
+) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{MIG_A},{MIG_B},2")
     s = ServerSampler()
     snap = s.snapshot()
@@ -199,7 +202,7 @@ def test_the_lab_sampler_shows_each_instance_not_the_parent_three_times(nvml_fil
     assert [g["mem_used (MiB)"] for g in last] == [1200.0, 300.0, 5000.0]
 
 
-def test_the_activity_tracker_samples_mig_memory_and_leaves_utilization_unknown(
+async def test_the_activity_tracker_samples_mig_memory_and_leaves_utilization_unknown(
     nvml_file: Path, monkeypatch
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{MIG_A},{MIG_C}")
