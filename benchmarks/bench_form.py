@@ -1,6 +1,6 @@
 """Spawn-form benchmarks: render + validation per request, and GPU availability for a big cluster.
 
-Run:  python benchmarks/bench_form.py   (against the installed tfdist)
+Run:  python benchmarks/bench_form.py   (against the installed tfdist) -> benchmarks/results/form.json
 Goal (issue 3): render under 50 ms, and one cached cluster view shared by all users instead of a list call
 per request. The cluster is generated in the shape of recorded API objects: 1,000 nodes (4 GPU models,
 some cordoned/tainted) and 10,000 pods (GPU and CPU pods, init containers, finished pods).
@@ -8,12 +8,15 @@ some cordoned/tainted) and 10,000 pods (GPU and CPU pods, init containers, finis
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from machine import machine  # benchmarks/machine.py: the script's own folder is on sys.path
 
 from tfdist.spawner.availability import ClusterGpuView, gpu_availability
 from tfdist.spawner.form import render_form
@@ -129,6 +132,7 @@ def make_cluster(n_nodes: int = 1000, n_pods: int = 10_000, seed: int = 3) -> tu
 
 
 def main() -> None:
+    fig: dict[str, Any] = {}  # every printed figure, written to results/form.json with the machine
     cfg = load_profiles(REPO / "hub_config" / "profiles.yaml")
     models = cfg.gpu_models
     nodes, pods = make_cluster()
@@ -137,6 +141,7 @@ def main() -> None:
     )
 
     med, p95 = timeit(lambda: gpu_availability(nodes, pods, models), 20)
+    fig["availability_uncached_ms"] = {"median": med, "p95": p95}
     print(f"availability from raw API objects (no cache):        median {med:7.2f} ms  p95 {p95:7.2f} ms")
 
     view = ClusterGpuView(api=None)
@@ -146,8 +151,12 @@ def main() -> None:
     for p in pods:
         view.apply_pod("ADDED", p)
     view._loaded = {"nodes": True, "pods": True}
-    print(f"cluster view initial load (11,000 ADDED events): {(time.perf_counter() - t) * 1000:7.2f} ms once")
+    fig["cluster_view_initial_load_ms"] = (time.perf_counter() - t) * 1000
+    print(
+        f"cluster view initial load (11,000 ADDED events): {fig['cluster_view_initial_load_ms']:7.2f} ms once"
+    )
     med, p95 = timeit(lambda: view.availability(models), 2000)
+    fig["availability_cached_us"] = {"median": med * 1000, "p95": p95 * 1000}
     print(
         f"availability per request, cached, no change: median {med * 1000:7.2f} us  p95 {p95 * 1000:7.2f} us"
     )
@@ -168,6 +177,7 @@ def main() -> None:
         view.availability(models)
 
     med, p95 = timeit(after_event, 200)
+    fig["availability_after_pod_event_ms"] = {"median": med, "p95": p95}
     print(f"availability after one pod event (recompute):        median {med:7.2f} ms  p95 {p95:7.2f} ms")
 
     av = view.availability(models)
@@ -186,6 +196,7 @@ def main() -> None:
     }
     med, p95 = timeit(lambda: render_form(cfg, ctx, av, remembered=(last,)), 500)
     size = len(render_form(cfg, ctx, av, remembered=(last,)))
+    fig["form_render_ms"] = {"median": med, "p95": p95, "html_kib": size // 1024}
     print(f"form render ({size // 1024} KiB of HTML): median {med:7.3f} ms  p95 {p95:7.3f} ms")
     form = {
         "profile": "gpu",
@@ -196,7 +207,16 @@ def main() -> None:
         "image": "registry.example.org/ml/tf-custom:2.21",
     }
     med, p95 = timeit(lambda: validate_options(form, cfg, ctx), 5000)
+    fig["validation_us"] = {"median": med * 1000, "p95": p95 * 1000}
     print(f"validation of one form POST: median {med * 1000:7.2f} us  p95 {p95 * 1000:7.2f} us")
+    out = REPO / "benchmarks" / "results" / "form.json"
+    rounded = json.loads(json.dumps(fig), parse_float=lambda x: round(float(x), 3))
+    out.write_text(
+        json.dumps(
+            {"machine": machine(), "cluster": {"nodes": len(nodes), "pods": len(pods)}, **rounded}, indent=2
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

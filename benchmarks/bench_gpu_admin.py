@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import resource
 import socket
 import statistics
@@ -28,6 +27,8 @@ import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from machine import machine  # benchmarks/machine.py: the script's own folder is on sys.path
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -232,8 +233,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.join(5)
-    r["cpu_count"] = os.cpu_count()
-    r["measured"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    r["machine"] = machine()
     out = REPO / "benchmarks" / "results" / "gpu_admin.json"
     out.write_text(json.dumps(r, indent=2) + "\n")
     print(json.dumps(r, indent=2))

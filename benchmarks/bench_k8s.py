@@ -32,6 +32,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from machine import machine  # benchmarks/machine.py: the script's own folder is on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -349,6 +351,7 @@ def main() -> None:
         result.update(asyncio.run(run(plane, node_steps, worker_counts)))
     finally:
         plane.stop()
+    result["machine"] = machine()
     text = json.dumps(result, indent=2)
     print(text)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine import machine  # benchmarks/machine.py: the script's own folder is on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -146,6 +148,7 @@ def main() -> None:
         result = asyncio.run(run(plane, [int(x) for x in args.workers.split(",") if x], args.idle))
     finally:
         plane.stop()
+    result["machine"] = machine()
     text = json.dumps(result, indent=2)
     print(text)
     Path(args.out).write_text(text + "\n")

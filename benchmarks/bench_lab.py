@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from machine import machine  # benchmarks/machine.py: the script's own folder is on sys.path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -299,7 +300,7 @@ def main() -> None:
         "latency_target_ms": 2000,
         "latency_ok": bool(lat) and max(lat) < 2000,
         "job_processes_left": len(job_processes()),
-        "machine": {"cpus": psutil.cpu_count(), "load_avg_1m": round(psutil.getloadavg()[0], 2)},
+        "machine": machine(),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from machine import machine  # benchmarks/machine.py: the script's own folder is on sys.path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
@@ -135,6 +137,7 @@ def main() -> None:
         "steps_per_s (warm/bare)": report["warm"]["steps_per_s_after_first_epoch"]
         / report["bare"]["steps_per_s_after_first_epoch"],
     }
+    report["machine"] = machine()
     print(json.dumps(report, indent=2, default=lambda o: round(o, 3)))
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "warm_pool.json"), "w") as f:
