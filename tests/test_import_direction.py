@@ -1,8 +1,8 @@
 """The packages' import direction, read from the source (AST), so that no cycle comes back unnoticed.
 
-tfdist.kube (the kernel side's Kubernetes objects and watches) may use tfdist.runtime's pure pieces, never
-the other way: tfdist.runtime is what job processes run, and what both need lives in tfdist.job.
-tfdist.job is the protocol in the middle: it imports neither.
+tfdist.kube (the kernel side's Kubernetes objects and watches) and tfdist.runtime (what job processes run)
+do not import each other: what both need (the restart policy, the agent's signing, the event records) lives
+in tfdist.job, the protocol in the middle, which imports neither.
 """
 
 from __future__ import annotations
@@ -62,10 +62,13 @@ def test_the_resolver_sees_relative_and_nested_imports(tmp_path: Path) -> None:
     }
 
 
-def test_runtime_does_not_import_kube_back() -> None:
-    """One direction between the two: kube reads nothing of runtime, so runtime may use kube's pure
-    signing (the agent's protocol) without a cycle."""
+def test_kube_does_not_import_runtime() -> None:
     assert reaching(imports_of("kube"), "tfdist.runtime") == {}
+
+
+def test_runtime_does_not_import_kube() -> None:
+    """Job images run tfdist.runtime: none of the kernel side's Kubernetes code comes with it."""
+    assert reaching(imports_of("runtime"), "tfdist.kube") == {}
 
 
 @pytest.mark.parametrize("other", ["tfdist.runtime", "tfdist.kube", "tfdist.backends"])

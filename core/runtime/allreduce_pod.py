@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 
-from ..kube import signing
+from ..job import signing
 from ..settings import ENV_EVENTS_FD, TaskSettings
 from . import events as wire
 from .deathsig import die_with_parent

@@ -15,8 +15,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from tfdist.events import SnapshotEvent, to_wire
-from tfdist.jobview import Reason
+from tfdist.job.events import SnapshotEvent, to_wire
+from tfdist.job.vocab import Reason
 from tfdist.runtime import events
 from tfdist.runtime.unixsock import short_path
 

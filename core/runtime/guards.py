@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tfdist import memfit, tf_config
-from tfdist.events import MetricsEvent
-from tfdist.job.vocab import FailureKind
-from tfdist.jobview import Reason
+from tfdist.job.events import MetricsEvent
+from tfdist.job.vocab import FailureKind, Reason
 from tfdist.runtime import lifeline
 from tfdist.runtime.spawn import PendingLines, Task
 

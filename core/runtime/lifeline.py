@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tfdist.jobview import Reason
+from tfdist.job.vocab import Reason
 from tfdist.memfit import Budget, GiB, memory_cgroup_dirs
 
 # Memory use (share of the limit) a second before the kernel vanished that makes "out of memory" likely.

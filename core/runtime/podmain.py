@@ -21,8 +21,8 @@ import tempfile
 import time
 from typing import Any
 
-from ..events import ProgressEvent, StateEvent, error_info, to_wire
-from ..kube import signing
+from ..job import signing
+from ..job.events import ProgressEvent, StateEvent, error_info, to_wire
 from ..settings import ENV_EVENTS_FD, ENV_TASK, ENV_TOKEN, SettingsError, TaskSettings
 from . import events as wire
 from .deathsig import die_with_parent

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..events import ErrorInfo, LogEvent, TaskEvent, to_wire
+from ..job.events import ErrorInfo, LogEvent, TaskEvent, to_wire
 from ..job.vocab import FailureKind
 from ..settings import TaskSettings
 from . import psrecovery, psrestart

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from tfdist.events import Event, TaskEvent
+from tfdist.job.events import Event, TaskEvent
 from tfdist.job.restart import PS_RESTARTS, RestartPolicy
 from tfdist.jobspec import JobSpec
 from tfdist.runtime import psrecovery

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfdist import taskenv, tf_config
-from tfdist.events import Event, ProgressEvent, TaskEvent, parse
+from tfdist.job.events import Event, ProgressEvent, TaskEvent, parse
 from tfdist.jobspec import JobSpec, split_gpus
 from tfdist.runtime import allreduce, events
 from tfdist.runtime.deathsig import die_with_parent

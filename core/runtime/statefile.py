@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from tfdist.jobview import JobView
+from tfdist.job.view import JobView
 from tfdist.runtime import history
 
 

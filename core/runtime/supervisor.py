@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from tfdist import memfit
-from tfdist.events import (
+from tfdist.job.events import (
     Event,
     LogEvent,
     MetricsEvent,
@@ -37,9 +37,9 @@ from tfdist.events import (
     to_wire,
 )
 from tfdist.job.restart import Action, RestartPolicy
-from tfdist.job.vocab import FailureKind
+from tfdist.job.view import JobView, final_task_state, reason_for
+from tfdist.job.vocab import FailureKind, Reason
 from tfdist.jobspec import JobSpec
-from tfdist.jobview import JobView, Reason, final_task_state, reason_for
 from tfdist.procid import ProcessId
 from tfdist.runtime import allreduce, events, psrestart
 from tfdist.runtime.control import ControlServer
@@ -224,7 +224,7 @@ class Supervisor:
                 Reason.SIGNALLED,
             )
         await self.control.start()
-        detached = bool(self.spec.extra.get("detach"))  # no kernel holds it: no lifeline to watch
+        detached = self.spec.detach  # no kernel holds it: no lifeline to watch
         bg = [asyncio.ensure_future(self._ticker())]
         if not detached:
             budget = lambda: self.memory.last_budget  # noqa: E731
