@@ -293,6 +293,10 @@ class ControlPlane:
     The real-node cluster (tests/realnode.py) passes ``address`` (the apiserver binds and advertises it, so
     the ``kubernetes`` Service gets an endpoint pods can reach), a fixed ``apiserver_port`` and ``workdir``,
     and ``detach`` (the processes outlive this Python process: no PDEATHSIG, no atexit stop).
+
+    ``kueue=True`` also starts Kueue's manager with its CRDs and working admission webhooks
+    (tests/kueue_proc.py; ``kueue`` then holds it, ``kueue_seconds`` its start time); other planes pay
+    nothing.
     """
 
     def __init__(
@@ -305,6 +309,7 @@ class ControlPlane:
         workdir: str | os.PathLike | None = None,
         detach: bool = False,
         port_block: tuple[int, int] = KWOK_PORTS,
+        kueue: bool = False,
     ):
         self.bin_dir = Path(bin_dir) if bin_dir else find_bin_dir()
         self.kwok_dir = Path(kwok_dir) if kwok_dir else KWOK_DIR
@@ -320,6 +325,9 @@ class ControlPlane:
         self.start_seconds: float | None = None
         self._node_seq = 0
         self._ssl: ssl.SSLContext | None = None
+        self.with_kueue = kueue
+        self.kueue = None  # tests.kueue_proc.KueueProcess once started
+        self.kueue_seconds: float | None = None
 
     def _free_port(self, address: str) -> int:
         taken = set(self.ports.values())
@@ -358,6 +366,11 @@ class ControlPlane:
                 deadline,
                 lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
             )
+            if self.with_kueue:
+                from tests.kueue_proc import KueueProcess
+
+                self.kueue = KueueProcess(self).start(timeout=max(30.0, deadline - time.monotonic()))
+                self.kueue_seconds = self.kueue.start_seconds
         except BaseException:
             self.stop()
             raise
@@ -681,6 +694,10 @@ class ControlPlane:
                 f"--config={self.kwok_dir / 'stages.yaml'}",
             ],
         }
+        if self.with_kueue:  # a deleted pod ends as a kubelet ends it, so Kueue lets go of it
+            from tests.kueue_proc import write_kwok_stage
+
+            self.args["kwok"].append(f"--config={write_kwok_stage(d)}")
 
     def _spawn(self, name: str) -> None:
         assert self.workdir is not None
