@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import time
 import urllib.error
@@ -289,9 +290,12 @@ def deploy(state: dict, profiles: str | None = None, images: Images | None = Non
 
 
 def uninstall(state: dict) -> None:
-    """`helm uninstall` (the hub's database volume and its namespace go too)."""
+    """`helm uninstall`, and this machine's volume of the hub's database (its claim goes with the release)."""
     _tool(state, str(helm_bin()), "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", timeout=300)
     kubectl(state, "delete", "persistentvolume", DB_PV, "--ignore-not-found", "--wait=false")
+    shutil.rmtree(
+        DB_DIR, ignore_errors=True
+    )  # a later install starts with a new database, as on a real cluster
 
 
 def hub_cli() -> str:

@@ -26,6 +26,7 @@ import yaml
 
 from tests import realnode, realnode_z2jh
 from tests.hub_user import HubUser, form_defaults
+from tests.realnode_fixtures import realnode_cli
 from tests.test_k8s_realnode_hub import CHECK, code_cells, job_objects
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.timeout(2400)]
@@ -44,6 +45,23 @@ TENANT_KINDS = {
     "pvcs": "/api/v1/namespaces/{ns}/persistentvolumeclaims",
     "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
 }
+
+
+# run in the notebook's kernel: what its service account's token may do (the tenancy boundary, from the pod)
+PROBE = """
+import json, ssl, urllib.error, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+ctx = ssl.create_default_context(cafile=sa + "ca.crt")
+token = open(sa + "token").read()
+def status(path):
+    auth = {"Authorization": "Bearer " + token}
+    req = urllib.request.Request("https://kubernetes.default.svc" + path, headers=auth)
+    try:
+        return urllib.request.urlopen(req, context=ctx, timeout=20).status
+    except urllib.error.HTTPError as e:
+        return e.code
+print("PROBE " + json.dumps({p: status(p) for p in PATHS}))
+"""
 
 
 @dataclass
@@ -71,16 +89,25 @@ def tenant_namespaces(real_cluster) -> list[str]:
     return [n["metadata"]["name"] for n in items if n["metadata"]["name"].startswith(NS + "-")]
 
 
+def parse_exports(out: str) -> dict[str, str]:
+    return dict(ln[len("export ") :].split("=", 1) for ln in out.splitlines() if ln.startswith("export "))
+
+
 @pytest.fixture(scope="module")
 def deployed(real_cluster) -> Iterator[Deployed]:
+    """What an admin runs on this machine: `scripts/cluster hub` (its printed lines are the hub's address)."""
     real_cluster.ensure()
     state = real_cluster.state
     t0 = time.monotonic()
     images = realnode_z2jh.build_images()
     t_images = time.monotonic() - t0
     t0 = time.monotonic()
-    with realnode.locked():
-        hub = realnode_z2jh.deploy(state, images=images)
+    out = realnode_cli("hub", timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    env = parse_exports(out.stdout)
+    hub = realnode_z2jh.Hub(
+        env["TFDIST_HUB_URL"], env["TFDIST_HUB_PASSWORD"], env["TFDIST_HUB_ADMIN_PASSWORD"], ""
+    )
     d = Deployed(state, hub, images, f"u{uuid.uuid4().hex[:6]}", {"images": t_images})
     d.timings["install"] = time.monotonic() - t0
     try:
@@ -160,6 +187,17 @@ def test_user_logs_in_spawns_from_the_form_and_the_example_trains(real_cluster, 
     kernel = nb.open_kernel("digits.ipynb")
     t0 = time.monotonic()
     try:
+        # the notebook's token: its own namespace's pods, nothing of the hub's namespace
+        paths = {
+            f"/api/v1/namespaces/{ns}/pods": 200,
+            f"/api/v1/namespaces/{NS}/secrets": 403,
+            f"/api/v1/namespaces/{NS}/pods": 403,
+            f"/api/v1/namespaces/{NS}/configmaps": 403,
+        }
+        res = kernel.execute(f"PATHS = {list(paths)!r}\n{PROBE}", timeout=120)
+        assert res.error is None, res.error
+        seen = json.loads(next(ln for ln in res.stdout.splitlines() if ln.startswith("PROBE "))[6:])
+        assert seen == paths, seen
         for code in code_cells(example):
             if code.startswith("%%tfdist run"):
                 first, rest = code.split("\n", 1)
@@ -257,7 +295,7 @@ def test_helm_uninstall_then_the_documented_cleanup_leaves_no_tenant_object(
     for kind, path in TENANT_KINDS.items():
         items = (real_cluster.get(path.format(ns=ns)) or {"items": []})["items"]
         names = [o["metadata"]["name"] for o in items]
-        assert kind == "secrets" or not names, (kind, names)
+        assert not names, (kind, names)
     realnode_z2jh.kubectl(deployed.state, "delete", "namespace", "-l", f"{TENANT}=true", "--wait=false")
     _wait("no tenant namespace", lambda: not tenant_namespaces(real_cluster), timeout=180, interval=1)
 
