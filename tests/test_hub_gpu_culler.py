@@ -73,11 +73,13 @@ def write_nvml(path: Path, utils: dict[str, int]) -> None:
 
 
 def hub_extra(nvml: Path) -> str:
+    # the servers and the service import tfdist as this test does (its PYTHONPATH after the double)
+    path = os.pathsep.join(p for p in (str(DOUBLES / "fake_pynvml"), os.environ.get("PYTHONPATH")) if p)
     return f"""
 from tests.hub_fixtures import free_port as _fp
 from tfdist.hubadmin.hubconfig import enable_gpu_admin
 c.Spawner.environment = {{
-    "PYTHONPATH": {str(DOUBLES / "fake_pynvml")!r},
+    "PYTHONPATH": {path!r},
     "TFDIST_FAKE_NVML": {str(nvml)!r},
     "TFDIST_GPU_ACTIVITY_INTERVAL": "0.5",
 }}
