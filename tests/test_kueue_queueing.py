@@ -175,7 +175,8 @@ def test_pod_group_labels_on_every_pod_of_a_job():
     s = spec(gpus_per_worker=4)
     meta = q.with_pod_group({"labels": {"a": "b"}, "annotations": {"x": "y"}}, s, "team-a")
     assert meta["labels"] == {"a": "b", q.L_QUEUE: "team-a", q.L_POD_GROUP: "j1"}
-    assert meta["annotations"] == {"x": "y", q.A_POD_GROUP_TOTAL: "4"}  # chief + 2 workers + 1 PS
+    # chief + 2 workers + 1 PS; the group ends when none of its pods runs
+    assert meta["annotations"] == {"x": "y", q.A_POD_GROUP_TOTAL: "4", q.A_RETRIABLE: "false"}
     assert q.with_pod_group({"labels": {"a": "b"}}, s, None) == {"labels": {"a": "b"}}
     assert q.pod_count(spec(strategy="allreduce", workers=3, ps=0)) == 3
 
@@ -270,3 +271,18 @@ def test_workload_refusal_reads_kueues_verdict():
     }
     assert "maximum capacity (4)" in q.workload_refusal(w)
     assert q.workload_refusal({"status": {"conditions": []}}) is None
+
+
+def test_covers_ignores_defaults_and_compares_quantities_by_value():
+    want = {"resourceGroups": [{"flavors": [{"name": "a", "nominalQuota": "32000m"}]}], "cohortName": "p"}
+    live = {
+        "resourceGroups": [{"flavors": [{"name": "a", "nominalQuota": "32"}]}],
+        "cohortName": "p",
+        "stopPolicy": "None",
+    }
+    assert q.covers(want, live)
+    assert not q.covers(want, {**live, "cohortName": "other"})
+    assert not q.covers(
+        want, {**live, "resourceGroups": [{"flavors": [{"name": "a", "nominalQuota": "16"}]}]}
+    )
+    assert not q.covers({"l": [1, 2]}, {"l": [1]})

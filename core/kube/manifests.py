@@ -33,6 +33,7 @@ from ..settings import (
     ENV_TOKEN,
     KernelSettings,
 )
+from .queueing import with_pod_group
 
 TF_PORT = 2222
 # the coordinator agent's port; TFDIST_AGENT_PORT in the notebook's environment moves it (the pod is told)
@@ -290,7 +291,7 @@ def pod_template(
     meta: dict[str, Any] = {"labels": meta_labels}
     if role == "ps" and ps_comes_back(spec):
         meta["annotations"] = {A_PS_RESTARTS: str(RestartPolicy.for_spec(spec).limit("ps"))}
-    return {"metadata": meta, "spec": pod_spec}
+    return {"metadata": with_pod_group(meta, spec, queue), "spec": pod_spec}  # one job, one Kueue admission
 
 
 def ps_comes_back(spec: JobSpec) -> bool:

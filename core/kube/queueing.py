@@ -33,6 +33,10 @@ API_VERSION = "kueue.x-k8s.io/v1beta2"
 L_QUEUE = "kueue.x-k8s.io/queue-name"
 L_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
 A_POD_GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+# "false": the group is over once none of its pods runs (else Kueue waits for replacements of the pods a
+# finished job's clean-up deleted, holding the quota); a failed worker the Job controller replaces while
+# the others run is still a replacement in the admitted group
+A_RETRIABLE = "kueue.x-k8s.io/retriable-in-group"
 MANAGED = {"app.kubernetes.io/managed-by": "jupyter-tfdist", "app.kubernetes.io/part-of": "tfdist-queues"}
 DEFAULT_FLAVOR = "default"
 CPU_RESOURCES = ("cpu", "memory", "ephemeral-storage")
@@ -181,13 +185,35 @@ def with_pod_group(meta: dict[str, Any], spec: JobSpec, queue: str | None) -> di
     if not queue:
         return meta
     labels = {**meta.get("labels", {}), L_QUEUE: queue, L_POD_GROUP: group_name(spec)}
-    annotations = {**meta.get("annotations", {}), A_POD_GROUP_TOTAL: str(pod_count(spec))}
+    annotations = {
+        **meta.get("annotations", {}),
+        A_POD_GROUP_TOTAL: str(pod_count(spec)),
+        A_RETRIABLE: "false",
+    }
     return {**meta, "labels": labels, "annotations": annotations}
 
 
 def group_name(spec: JobSpec) -> str:
     """The job's pod group (and Kueue's Workload) name: the job's name, unique in the user's namespace."""
     return spec.name
+
+
+def covers(desired: Any, live: Any) -> bool:
+    """Whether a live object's field already says what ``desired`` says: every key of ``desired`` there
+    with the same value, lists item by item, quantities by value ("32000m" is "32"). Fields the API server
+    or Kueue's webhook defaulted (flavorFungibility, stopPolicy...) do not count as a difference."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(covers(v, live.get(k)) for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(desired) == len(live) and all(map(covers, desired, live))
+    if desired == live:
+        return True
+    if isinstance(desired, str) and isinstance(live, (str, int, float)):
+        try:
+            return math.isclose(_parse_quantity(desired), _parse_quantity(live))
+        except ValueError:
+            return False
+    return False
 
 
 # ------------------------------------------------------------------------------------ never fits: refused

@@ -1,0 +1,188 @@
+"""Kueue for `%%tfdist run` jobs, the I/O part: converge the cluster's Kueue objects and a user's
+LocalQueues on the admin's profiles, and read a job's place in line. The objects themselves come from
+tfdist.kube.queueing (pure).
+
+Converging is idempotent: an object is created, replaced whole when its spec or labels differ (PUT with the
+live resourceVersion), left alone when equal; objects this project made (label part-of=tfdist-queues) that
+the profiles no longer name are deleted. Running it on every hub start and every spawn is cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import queueing as q
+
+if TYPE_CHECKING:
+    from ..spawner.profiles import ProfilesConfig
+
+_BASE = "/apis/kueue.x-k8s.io/v1beta2"
+_PLURAL = {
+    "ResourceFlavor": "resourceflavors",
+    "Cohort": "cohorts",
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
+}
+_SELECTOR = "app.kubernetes.io/part-of=" + q.MANAGED["app.kubernetes.io/part-of"]
+VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta2"
+
+
+@dataclass
+class Converged:
+    """What one converge changed (names as kind/name)."""
+
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+
+async def _call(api: Any, method: str, path: str, body: Any = None, query: list | None = None) -> dict:
+    data = await api.call_api(
+        path,
+        method,
+        query_params=query or [],
+        header_params={"Content-Type": "application/json", "Accept": "application/json"},
+        body=body,
+        response_types_map={200: "object", 201: "object"},
+        auth_settings=["BearerToken"],
+        _return_http_data_only=True,
+    )
+    return data if isinstance(data, dict) else {}
+
+
+def _collection(kind: str, namespace: str | None = None) -> str:
+    ns = f"/namespaces/{namespace}" if namespace else ""
+    return f"{_BASE}{ns}/{_PLURAL[kind]}"
+
+
+async def _apply(api: Any, obj: dict[str, Any], out: Converged) -> None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    meta = obj["metadata"]
+    coll = _collection(obj["kind"], meta.get("namespace"))
+    what = f"{obj['kind']}/{meta['name']}"
+    try:
+        await _call(api, "POST", coll, obj)
+        out.created.append(what)
+        return
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    live = await _call(api, "GET", f"{coll}/{meta['name']}")
+    same_labels = q.covers(meta["labels"], live["metadata"].get("labels"))
+    if same_labels and q.covers(obj["spec"], live.get("spec", {})):
+        out.unchanged.append(what)
+        return
+    new = {**obj, "metadata": {**meta, "resourceVersion": live["metadata"]["resourceVersion"]}}
+    await _call(api, "PUT", f"{coll}/{meta['name']}", new)
+    out.updated.append(what)
+
+
+async def _prune(api: Any, kind: str, keep: set[str], out: Converged, namespace: str | None = None) -> None:
+    coll = _collection(kind, namespace)
+    live = await _call(api, "GET", coll, query=[("labelSelector", _SELECTOR)])
+    for item in live.get("items", []):
+        name = item["metadata"]["name"]
+        if name not in keep:
+            await _call(api, "DELETE", f"{coll}/{name}")
+            out.deleted.append(f"{kind}/{name}")
+
+
+async def converge(api: Any, cfg: ProfilesConfig) -> Converged:
+    """The cluster's flavors, cohort and ClusterQueues as the profiles say (queues first deleted, then
+    flavors, so nothing named is removed while a queue still names it)."""
+    out = Converged()
+    objs = q.cluster_objects(cfg)
+    for obj in objs:
+        await _apply(api, obj, out)
+    for kind in ("ClusterQueue", "Cohort", "ResourceFlavor"):
+        keep = {o["metadata"]["name"] for o in objs if o["kind"] == kind}
+        await _prune(api, kind, keep, out)
+    return out
+
+
+async def converge_user(api: Any, cfg: ProfilesConfig, namespace: str, groups: list[str]) -> Converged:
+    """One user's LocalQueues as their profiles say (run on each spawn, beside the namespace's quota)."""
+    out = Converged()
+    objs = q.local_queues(cfg, namespace, groups)
+    for obj in objs:
+        await _apply(api, obj, out)
+    await _prune(api, "LocalQueue", {o["metadata"]["name"] for o in objs}, out, namespace)
+    return out
+
+
+async def cluster_queues(api: Any) -> list[dict[str, Any]]:
+    """Every ClusterQueue (for tfdist.kube.queueing.capacities: a job's refusal before it is created)."""
+    return (await _call(api, "GET", _collection("ClusterQueue"))).get("items", [])
+
+
+async def workload_of(api: Any, namespace: str, group: str) -> dict[str, Any] | None:
+    """The Workload Kueue made for a job's pod group (named after the group), or None yet."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        return await _call(api, "GET", f"{_BASE}/namespaces/{namespace}/workloads/{group}")
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+async def read_position(api: Any, namespace: str, group: str, queue: str) -> q.QueuePosition | None:
+    """A job's place in line: Kueue's visibility API (the LocalQueue's pending workloads, what a user may
+    read) where the cluster serves it, else the Workloads this caller can list (all namespaces for an
+    admin, else its own). None when its Workload does not exist (yet)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    wl = await workload_of(api, namespace, group)
+    if wl is None:
+        return None
+    if q.is_admitted(wl):
+        return q.QueuePosition(group, queue, 0, 0, "workloads", admitted=True)
+    try:
+        summary = await _call(
+            api, "GET", f"{VISIBILITY}/namespaces/{namespace}/localqueues/{queue}/pendingworkloads"
+        )
+        pos = q.position_from_visibility(summary, group, namespace)
+        if pos is not None:
+            return pos
+    except ApiException as exc:
+        if exc.status not in (403, 404, 503):
+            raise
+    try:
+        items = (await _call(api, "GET", f"{_BASE}/workloads")).get("items", [])
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        items = (await _call(api, "GET", f"{_BASE}/namespaces/{namespace}/workloads")).get("items", [])
+    return q.position_from_workloads(items, group, namespace)
+
+
+async def queue_events(
+    api: Any, namespace: str, group: str, queue: str, every_s: float = 2.0
+) -> AsyncIterator[Any]:
+    """The job's place in line while it waits: a QueueEvent (tfdist.job.events) whenever it changes; ends
+    once Kueue admits it, or at once where the caller may not read Workloads (403: no place to show). A
+    failed read is tried again on the next tick: the queue is news, never a reason to fail the job."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    last: tuple[int, int] | None = None
+    while True:
+        try:
+            pos = await read_position(api, namespace, group, queue)
+        except ApiException as exc:
+            if exc.status == 403:
+                return
+            pos = None
+        except (OSError, asyncio.TimeoutError):
+            pos = None
+        if pos is not None and pos.admitted:
+            return
+        if pos is not None and (pos.position, pos.ahead) != last:
+            last = (pos.position, pos.ahead)
+            yield pos.event()
+        await asyncio.sleep(every_s)
