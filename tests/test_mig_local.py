@@ -10,8 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +250,84 @@ def test_the_hub_form_shows_free_instances_per_profile_and_hands_them_out(tmp_pa
         assert "A100 slice 1g.10gb: 2 of 2 free" in _free_text(h.spawn_form("bob").text)
     finally:
         h.stop()
+
+
+# ------------------------------------------------------------------ MIG and the GPU-idle culler, end to end
+CULLING = """
+gpu_admin:
+  culling:
+    check_interval_s: 1
+    default: {idle_below_percent: 10, idle_minutes: 0.25, warn_minutes: 0.1}
+"""
+
+
+def test_a_mig_server_shows_unmeasured_utilization_and_is_never_culled_for_it(tmp_path: Path) -> None:
+    """NVML cannot measure a MIG instance's utilization: the server reports its instances' memory and no
+    utilization, the admin page says "n/a (MIG)" and why the culler leaves it alone, and it is still up
+    well past the idle limit; a whole GPU's idle server on the same rule is stopped meanwhile."""
+    from tests.test_hub_gpu_culler import ADMIN_PASSWORD, admin_session, page_rows, server_get
+
+    machine = json.loads(json.dumps(MACHINE))
+    machine["gpus"][0]["mig"][0]["mem_used_mib"] = 700.0
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps(machine))
+    path = os.pathsep.join(p for p in (str(DOUBLES / "fake_pynvml"), os.environ.get("PYTHONPATH")) if p)
+    extra = f"""
+import os
+sys.path.insert(0, {str(DOUBLES / "fake_pynvml")!r})
+os.environ['TFDIST_FAKE_NVML'] = {str(nvml)!r}
+from tests.hub_fixtures import free_port as _fp
+from tfdist.hubadmin.hubconfig import enable_gpu_admin
+c.Spawner.environment = {{"PYTHONPATH": {path!r}, "TFDIST_FAKE_NVML": {str(nvml)!r},
+                          "TFDIST_GPU_ACTIVITY_INTERVAL": "0.5"}}
+enable_gpu_admin(c, profiles=c.TfdistLocalSpawner.profiles_file,
+                 public_url=f"http://127.0.0.1:{{c.JupyterHub.port}}", port=_fp(), period_s=1,
+                 local_gpus=True)
+c.JupyterHub.services[-1]["environment"].update(c.Spawner.environment)
+c.JupyterHub.load_roles[0]["scopes"].append("access:services")
+c.SharedPasswordAuthenticator.admin_password = {ADMIN_PASSWORD!r}
+c.Authenticator.admin_users = {{"boss"}}
+"""
+    repo = str(Path(__file__).resolve().parent.parent)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, old) if p)
+    h = start_hub(tmp_path / "hub", profiles_yaml=PROFILES + CULLING, groups=GROUPS, extra=extra)
+    try:
+        for user, options in (("alice", SLICE), ("bob", {**SLICE, "gpus": "1", "gpu_model": "a100"})):
+            ok = h.api("POST", f"/users/{user}/server", json={"user_options": as_json(options)})
+            assert ok.status_code in (201, 202), ok.text
+            h.wait_ready(user)
+        started = time.monotonic()
+        gpus = server_get(h, "alice", "gpus")
+        assert [g["name"] for g in gpus["gpus"]] == [f"{A100} MIG 1g.10gb"] * 2
+        last = gpus["samples"][-1]["gpus"]
+        assert [(g["util (%)"], g["util_missing"], g["mem_used (MiB)"]) for g in last] == [
+            (None, "mig", 700.0),
+            (None, "mig", 0.0),
+        ]
+        admin = admin_session(h)
+        row: dict[str, Any] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and row.get("action") != "unmeasured":
+            row = page_rows(admin, h).get("alice/") or {}
+            time.sleep(0.5)
+        assert row.get("action") == "unmeasured", (row, h.log_tail())
+        assert row["util_text"] == ["n/a (MIG)", "n/a (MIG)"] and row["util"] == [None, None]
+        assert "not measurable on a MIG instance" in row["reason"] and row["reason"].endswith("not culled")
+        assert [g["label"] for g in row["gpus"]] == [f"{A100} MIG instance"] * 2
+        # bob's whole A100 at 0 %: warned and stopped on the same rule; alice is left alone all along
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and "" in h.servers("bob"):
+            time.sleep(0.5)
+        assert "" not in h.servers("bob"), h.log_tail()
+        while time.monotonic() - started < 40:  # more than twice the idle limit and the warning
+            time.sleep(1)
+        assert h.servers("alice")[""]["ready"]
+        assert server_get(h, "alice", "notice")["notice"] is None
+        assert page_rows(admin, h)["alice/"]["action"] == "unmeasured"
+    finally:
+        h.stop()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
