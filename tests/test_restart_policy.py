@@ -9,6 +9,7 @@ import pytest
 
 from tfdist.job.restart import PS_RESTARTS, WORKER_RESTARTS, Action, RestartPolicy
 from tfdist.jobspec import JobSpec
+from tfdist.kube import allreduce as ar
 from tfdist.kube import manifests as mf
 from tfdist.runtime import psrestart
 
@@ -56,3 +57,10 @@ def test_manifests_and_supervisor_read_the_same_limits() -> None:
     assert ann[mf.A_PS_RESTARTS] == str(policy.limit("ps"))
     no_ckpt = mf.task_job(JobSpec(name="j", user="u", workers=2, ps=1), "ps", None)["spec"]
     assert no_ckpt["backoffLimit"] == 0 and "backoffLimitPerIndex" not in no_ckpt
+
+
+def test_allreduce_workers_read_the_same_policy() -> None:
+    spec = JobSpec(name="j", user="u", workers=3, strategy="allreduce")
+    job = ar.worker_job(spec, None)
+    assert job is not None
+    assert job["spec"]["backoffLimit"] == RestartPolicy.for_spec(spec).limit("worker") == 0

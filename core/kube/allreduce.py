@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..job.restart import RestartPolicy
 from ..jobspec import JobSpec
 from . import manifests as mf
 
@@ -90,7 +91,7 @@ def worker_job(
     job_spec["completions"] = job_spec["parallelism"] = n
     for key in ("backoffLimitPerIndex", "maxFailedIndexes", "podFailurePolicy"):
         job_spec.pop(key, None)
-    job_spec["backoffLimit"] = 0
+    job_spec["backoffLimit"] = RestartPolicy.for_spec(spec).limit("worker")  # 0: never replaced
     template = job_spec["template"]
     _as_replica(spec, template, node_selector, tolerations, gpu_resource)
     template["spec"]["containers"][0]["command"] = [

@@ -81,7 +81,9 @@ class PodFold:
 
     def not_running(self) -> str:
         """Why tasks are not running: each one's words (the scheduler's, the image puller's)."""
-        return "; ".join(f"{t}: {m}" for t, (s, m) in sorted(self.tasks.items()) if s != "running" and m)
+        return "; ".join(
+            f"{t}: {m}" for t, (s, m) in sorted(self.tasks.items()) if s != TaskState.RUNNING and m
+        )
 
     def _replaced(self, task: str, pod_name: str) -> list[Event]:
         """The Job controller replaced a task's pod: say so once per replacement."""

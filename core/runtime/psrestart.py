@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from tfdist.job.events import Event, TaskEvent
 from tfdist.job.restart import PS_RESTARTS, RestartPolicy
+from tfdist.job.vocab import TaskState
 from tfdist.jobspec import JobSpec
 from tfdist.runtime import psrecovery
 from tfdist.tf_config import TaskId
@@ -91,7 +92,7 @@ class PsRestart:
         sup.log(task.name, line)
         if task.log is not None:  # `%tfdist logs` shows it with the PS's own output
             task.log.write(line.encode() + b"\n")
-        sup.emit(TaskEvent(task=task.name, state="restarting", restarts=self.restarts))
+        sup.emit(TaskEvent(task=task.name, state=TaskState.RESTARTING, restarts=self.restarts))
         task.restarts += 1
         task.killed_for = None
         await sup.respawn(task)
@@ -130,5 +131,5 @@ class PsRestart:
         sup.forget("chief-0")
         chief.restarts += 1
         chief.killed_for = None
-        sup.emit(TaskEvent(task="chief-0", state="restarting", restarts=chief.restarts))
+        sup.emit(TaskEvent(task="chief-0", state=TaskState.RESTARTING, restarts=chief.restarts))
         return True

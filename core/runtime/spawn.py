@@ -20,6 +20,7 @@ from typing import Any
 
 from tfdist import taskenv, tf_config
 from tfdist.job.events import Event, ProgressEvent, TaskEvent, parse
+from tfdist.job.vocab import TaskState
 from tfdist.jobspec import JobSpec, split_gpus
 from tfdist.runtime import allreduce, events
 from tfdist.runtime.deathsig import die_with_parent
@@ -183,7 +184,7 @@ class Spawner:
             if name == "chief-0":
                 env |= coordinator_env
             tasks[name] = Task(name=name, port=port, env=env, gpus=gpus)
-            self.emit(TaskEvent(task=name, state="pending", gpus=gpus))
+            self.emit(TaskEvent(task=name, state=TaskState.PENDING, gpus=gpus))
         return tasks
 
     async def spawn(self, task: Task, module: str, extra_fds: tuple[int, ...] = ()) -> None:
@@ -214,7 +215,11 @@ class Spawner:
         self.sampler.track(TaskProcess(task.name, task.proc.pid, sampler_gpus(task.gpus)))
         self.emit(
             TaskEvent(
-                task=task.name, state="starting", pid=task.proc.pid, restarts=task.restarts, gpus=task.gpus
+                task=task.name,
+                state=TaskState.STARTING,
+                pid=task.proc.pid,
+                restarts=task.restarts,
+                gpus=task.gpus,
             )
         )
 
@@ -271,7 +276,7 @@ class Spawner:
             try:
                 _, w = await asyncio.open_connection("127.0.0.1", task.port)
                 w.close()
-                self.emit(TaskEvent(task=task.name, state="running"))
+                self.emit(TaskEvent(task=task.name, state=TaskState.RUNNING))
                 return
             except OSError:
                 pass

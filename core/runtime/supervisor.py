@@ -38,7 +38,7 @@ from tfdist.job.events import (
 )
 from tfdist.job.restart import Action, RestartPolicy
 from tfdist.job.view import JobView, final_task_state, reason_for
-from tfdist.job.vocab import FailureKind, Reason
+from tfdist.job.vocab import FailureKind, JobState, Reason, TaskState
 from tfdist.jobspec import JobSpec
 from tfdist.procid import ProcessId
 from tfdist.runtime import allreduce, events, psrestart
@@ -160,7 +160,7 @@ class Supervisor:
     def _deaths(self) -> int:
         """Our tasks that died so far (each may have been an OOM kill of its own)."""
         return sum(t.restarts for t in self.tasks.values()) + sum(
-            1 for t in self.view.tasks.values() if t.get("state") == "failed"
+            1 for t in self.view.tasks.values() if t.get("state") == TaskState.FAILED
         )
 
     async def _watch_servers(self) -> None:
@@ -185,19 +185,21 @@ class Supervisor:
             self.log(
                 task.name, f"tfdist: {task.name} {ended(task, code)}; restarting ({task.restarts}/{limit})"
             )
-            self.emit(TaskEvent(task=task.name, state="restarting", exit_code=code, restarts=task.restarts))
+            self.emit(
+                TaskEvent(task=task.name, state=TaskState.RESTARTING, exit_code=code, restarts=task.restarts)
+            )
             task.killed_for = None
             await self.respawn(task)
         elif action is Action.DONE:
             task.proc = None
-            self.emit(TaskEvent(task=task.name, state="exited-ok", exit_code=0))
+            self.emit(TaskEvent(task=task.name, state=TaskState.EXITED_OK, exit_code=0))
         else:
             self._server_failed(task, code, role)
 
     def _server_failed(self, task: Task, code: int, role: str) -> None:
         how = ended(task, code)
         task.proc = None
-        self.emit(TaskEvent(task=task.name, state="failed", exit_code=code))
+        self.emit(TaskEvent(task=task.name, state=TaskState.FAILED, exit_code=code))
         if not self.policy.ends_job(role):
             return
         if self.spec.strategy == "allreduce":
@@ -229,19 +231,19 @@ class Supervisor:
         if not detached:
             budget = lambda: self.memory.last_budget  # noqa: E731
             bg.append(asyncio.ensure_future(self.lifeline.watch(self._deaths, budget, self._stop_for)))
-        self.emit(StateEvent(state="starting", message="starting tasks"))
+        self.emit(StateEvent(state=JobState.STARTING, message="starting tasks"))
         outcome: Outcome
         try:
             outcome = await self._run_job()
         except StartupError as exc:
             outcome = (
-                "failed",
+                JobState.FAILED,
                 str(exc).splitlines()[0],
                 {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
             )
         except Exception as exc:  # a bug of ours: still clean up and say so
             outcome = (
-                "failed",
+                JobState.FAILED,
                 f"supervisor error: {exc}",
                 {
                     "type": type(exc).__name__,
@@ -253,7 +255,7 @@ class Supervisor:
         await self._teardown(outcome[0])
         self._flush_logs()
         state, message, error = outcome
-        if state == "succeeded":
+        if state == JobState.SUCCEEDED:
             memfit.save_footprint(os.path.dirname(os.path.abspath(self.jobdir)), self.memory.peaks_mib)
         with contextlib.suppress(FileNotFoundError):  # the model and data: may be hundreds of MB
             os.unlink(os.path.join(self.jobdir, "payload.bin"))
@@ -270,12 +272,12 @@ class Supervisor:
         for t in bg:
             t.cancel()
         self.sampler.gpus.close()
-        return 0 if state == "succeeded" else 1
+        return 0 if state == JobState.SUCCEEDED else 1
 
     def _stopped(self) -> Outcome:
         if self.failure:
-            return ("failed", self.failure["message"], self.failure)
-        return ("stopped", self.stop_reason or "stopped", None)
+            return (JobState.FAILED, self.failure["message"], self.failure)
+        return (JobState.STOPPED, self.stop_reason or "stopped", None)
 
     def _output(self, task: str) -> list[str]:
         """A task's lines so far: those already sent and those waiting for the next tick."""
@@ -303,8 +305,8 @@ class Supervisor:
             return self._stopped()
         if starting in done:
             starting.result()  # raises StartupError
-            self.emit(TaskEvent(task="chief-0", state="running"))
-            self.emit(StateEvent(state="running", message="training"))
+            self.emit(TaskEvent(task="chief-0", state=TaskState.RUNNING))
+            self.emit(StateEvent(state=JobState.RUNNING, message="training"))
             watcher = asyncio.ensure_future(self._watch_servers())
             while True:
                 done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -324,7 +326,11 @@ class Supervisor:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(chief.reader, 2)
         code = chief.proc.returncode
-        self.emit(TaskEvent(task="chief-0", state="exited-ok" if code == 0 else "failed", exit_code=code))
+        self.emit(
+            TaskEvent(
+                task="chief-0", state=TaskState.EXITED_OK if code == 0 else TaskState.FAILED, exit_code=code
+            )
+        )
         out = coordinator_outcome(self.jobdir, code, ended(chief, code))
         return (out.state, out.message, out.error)
 
@@ -349,7 +355,7 @@ class Supervisor:
             if t.log is not None:
                 t.log.close()
         for t in alive:  # ended by us: "exited" after a success, "stopped" otherwise (never "running")
-            self.emit(TaskEvent(task=t.name, state=final_task_state(state, "running")))
+            self.emit(TaskEvent(task=t.name, state=final_task_state(state, TaskState.RUNNING)))
 
 
 async def serve(jobdir: str, forks: ForkServer | None = None) -> int:
