@@ -192,6 +192,18 @@ async def test_second_users_job_stays_gated_while_the_first_runs_then_starts(kq)
         TIMES["first_job_admitted_and_bound_s"] = time.monotonic() - t0
         await b.submit(spec("big", bob, workers=2, ps=1, gpus_per_worker=4), b"p", Launch())
         await until("bob's 4 pods created", lambda: len(pods(kq, bob, "big")) == 4)
+        # what the cell and the panel get: the backend's watch says where the job waits
+        seen = []
+
+        async def follow():
+            async for ev in b.watch("big"):
+                seen.append(ev)
+
+        watching = asyncio.ensure_future(follow())
+        await until("a queue event in bob's watch", lambda: [e for e in seen if e.type == "queue"], 30)
+        assert [(e.position, e.queue) for e in seen if e.type == "queue"] == [(1, QUEUE)]
+        assert not any(e.type == "state" and e.state.terminal for e in seen)
+        watching.cancel()
         async with await api_client(kq) as api:
             line = qa.queue_events(api, bob, "big", QUEUE, every_s=0.3)
             ev = await asyncio.wait_for(anext(line), 30)  # the job protocol's QueueEvent

@@ -41,6 +41,7 @@ from ..kube.agent_client import AgentClient
 from ..kube.api_errors import translate
 from ..kube.cluster import KubeApi, controller_uid, current_namespace, job_resources, quota_shortfall
 from ..kube.podwatch import PodWatch
+from ..kube.queueing_apply import queue_events
 from ..settings import Settings
 from .base import Backend, Launch
 
@@ -322,6 +323,9 @@ class KubernetesBackend(Backend):
         if name in self._jobs:
             agent = pump(self._agent_events(name), "the job's agent", "the coordinator")
             workers.append(asyncio.ensure_future(agent))
+        if name in self._jobs and self.settings.kueue_queue:  # its place in Kueue's line while it waits
+            line = queue_events(await self.kube.api(), self.namespace, name, self.settings.kueue_queue)
+            workers.append(asyncio.ensure_future(pump(line, "Kueue", "lost track of the job's queue")))
         try:
             while True:
                 ev = await q.get()

@@ -166,10 +166,16 @@ async def queue_events(
     api: Any, namespace: str, group: str, queue: str, every_s: float = 2.0
 ) -> AsyncIterator[Any]:
     """The job's place in line while it waits: a QueueEvent (tfdist.job.events) whenever it changes; ends
-    once Kueue admits it, or at once where the caller may not read Workloads (403: no place to show). A
-    failed read is tried again on the next tick: the queue is news, never a reason to fail the job."""
+    once Kueue admits it, and at once where the queue's LocalQueue is not there or the caller may not read
+    it or the Workloads (403). A failed read is tried again on the next tick: the queue is news, never a
+    reason to fail the job."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
+    try:  # no such LocalQueue here (no Kueue in the cluster, or not this queue): no line to stand in
+        await _call(api, "GET", f"{_collection('LocalQueue', namespace)}/{queue}")
+    except ApiException as exc:
+        if exc.status in (403, 404):
+            return
     last: tuple[int, int] | None = None
     while True:
         try:
@@ -178,7 +184,7 @@ async def queue_events(
             if exc.status == 403:
                 return
             pos = None
-        except (OSError, asyncio.TimeoutError):
+        except Exception:  # a connection lost for a moment: try again on the next tick
             pos = None
         if pos is not None and pos.admitted:
             return
