@@ -166,12 +166,18 @@ class CgroupV2:
     def create(self, owner: str, memory_bytes: int, cpu: float | None) -> Path:
         path = self.path_for(owner)
         path.mkdir(exist_ok=True)
-        (path / "memory.max").write_text(str(int(memory_bytes)))
-        if (path / "memory.swap.max").exists():
-            (path / "memory.swap.max").write_text("0")
-        if self.cpu and cpu and (path / "cpu.max").exists():
-            period = 100_000
-            (path / "cpu.max").write_text(f"{max(1000, round(cpu * period))} {period}")
+        try:
+            (path / "memory.max").write_text(str(int(memory_bytes)))
+            if (path / "memory.swap.max").exists():
+                (path / "memory.swap.max").write_text("0")
+            if self.cpu and cpu and (path / "cpu.max").exists():
+                period = 100_000
+                (path / "cpu.max").write_text(f"{max(1000, round(cpu * period))} {period}")
+        except OSError:
+            # a cgroup without its limit must not be left behind (the caller never learns its path)
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            raise
         return path
 
     @staticmethod
