@@ -301,3 +301,44 @@ async def test_two_partially_fitting_jobs_never_deadlock(kq):
     finally:
         await a.close()
         await b.close()
+
+
+def label_pod(plane, ns: str, name: str, labels: dict[str, str]) -> None:
+    import json
+    import urllib.request
+
+    body = json.dumps({"metadata": {"labels": labels}}).encode()
+    req = urllib.request.Request(
+        f"{plane.server}/api/v1/namespaces/{ns}/pods/{name}", data=body, method="PATCH"
+    )
+    req.add_header("Authorization", f"Bearer {plane.token}")
+    req.add_header("Content-Type", "application/merge-patch+json")
+    urllib.request.urlopen(req, context=plane._ssl, timeout=10).read()
+
+
+async def test_a_failed_worker_is_replaced_inside_the_admitted_group(kq):
+    """The group is marked not retriable (so that it ends when its job does), yet a worker that fails while
+    the others run is replaced by the Job controller and Kueue lets the replacement run: the job keeps its
+    admission and its restarts (kwok's pod-fail stage fails the worker)."""
+    ann = USERS[0]
+    a = backend(kq, ann)
+    try:
+        await a.submit(spec("heal", ann, workers=2, ps=1, gpus_per_worker=4), b"p", Launch())
+        await until("bound", lambda: all_bound(kq, ann, "heal", 4))
+        w0 = next(p for p in pods(kq, ann, "heal") if p["metadata"]["name"].startswith("heal-worker-0-"))
+        label_pod(kq, ann, w0["metadata"]["name"], {"sim.tfdist.io/outcome": "fail"})
+
+        def replaced():
+            ps = pods(kq, ann, "heal")
+            new = [p for p in ps if p["metadata"]["name"].startswith("heal-worker-0-")]
+            return any(
+                p["metadata"]["uid"] != w0["metadata"]["uid"] and bound(p) and not gated(p) for p in new
+            )
+
+        await until("the replacement worker bound", replaced, timeout=60)
+        wl = kq.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ann}/workloads/heal")
+        assert q.is_admitted(wl) and not q.is_finished(wl)
+        assert await a.stop("heal")
+    finally:
+        await a.close()
+    await until("the job gone", lambda: not pods(kq, ann, "heal"), timeout=60)
