@@ -1,4 +1,4 @@
-"""Kueue's manager as a plain process against a test plane (tests/kube_plane.py, or any admin kubeconfig).
+"""Kueue's manager as a plain process against a test plane (a tests/kube_plane.py ControlPlane).
 
 The binary comes from ``scripts/build-k8s --kueue`` (Go module k8s/modules/kueue, cached outside the
 checkout, with the module's own ``config/`` beside it). Its CRDs and webhook configurations are the
@@ -6,7 +6,7 @@ module's own manifests; only what kustomize and the release's Deployment would f
 webhooks' and conversion's ``clientConfig`` is a URL on this host (the API server calls the manager
 process here) with the CA of a serving certificate made here, instead of a Service in kueue-system.
 
-    kueue = KueueProcess(plane).start()       # CRDs, process, webhooks; ~3-6 s on 2 cores warm
+    kueue = KueueProcess(plane).start()       # CRDs, process, webhooks: 8-28 s on 2 busy cores
     ... pods labelled kueue.x-k8s.io/queue-name get Kueue's scheduling gate ...
     kueue.stop()
 
