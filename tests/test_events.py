@@ -389,3 +389,24 @@ async def test_a_pods_malformed_events_stop_at_the_agent_client(tmp_path) -> Non
     assert "ignored a malformed event from the job's agent" in got[1]["lines"][0][1]
     v = JobView(name="j")
     assert all(v.apply(e) for e in got) and v.state == "succeeded" and v.dropped == 0
+
+
+def test_a_mig_instances_sample_keeps_its_uuid_profile_and_why_util_is_missing() -> None:
+    """The sampler writes these for a MIG slice (tfdist.sampler); the wire must not strip them, or the cell's
+    monitor cannot say "n/a (MIG)" and shows an unnamed GPU instead."""
+    gpu = {
+        "index": 0,
+        "util (%)": None,
+        "mem_used (MiB)": 812.0,
+        "mem_total (MiB)": 9728.0,
+        "uuid": "MIG-2bb8a0d4-6c4e-5f7b-9d4c-0a1b2c3d4e5f",
+        "mig_profile": "1g.10gb",
+        "util_missing": "mig",
+    }
+    sample = {
+        "type": "metrics",
+        "t": 1.0,
+        "tasks": {"worker-0": {"cpu (%)": 3.0, "rss (MiB)": 90.0, "gpus": [gpu]}},
+    }
+    rec = parse(wire.loads(wire.dumps(sample)))
+    assert rec.tasks["worker-0"]["gpus"] == [gpu]

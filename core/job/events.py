@@ -126,6 +126,10 @@ GpuSample = TypedDict(
         "util (%)": Num | None,
         "mem_used (MiB)": Num | None,
         "mem_total (MiB)": Num | None,
+        # a MIG instance: its UUID and profile, and why utilisation is None ("mig": NVML cannot measure it)
+        "uuid": Name,
+        "mig_profile": Name,
+        "util_missing": Name,
     },
     total=False,
 )
