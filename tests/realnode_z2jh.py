@@ -289,6 +289,21 @@ def deploy(state: dict, profiles: str | None = None, images: Images | None = Non
     return Hub(url, password, admin_password, text)
 
 
+def release_images(state: dict) -> Images:
+    """The images the installed release runs (`helm get values`: what this machine added)."""
+    v = json.loads(_tool(state, str(helm_bin()), "get", "values", RELEASE, "-n", NAMESPACE, "-o", "json"))
+
+    def ref(image: dict) -> str:
+        return f"{image['name']}:{image['tag']}"
+
+    return Images(
+        hub=ref(v["hub"]["image"]),
+        proxy=ref(v["proxy"]["chp"]["image"]),
+        notebook=ref(v["singleuser"]["image"]),
+        job=v["hub"]["extraEnv"]["TFDIST_WORKER_IMAGE"],
+    )
+
+
 def uninstall(state: dict) -> None:
     """`helm uninstall`, and this machine's volume of the hub's database (its claim goes with the release)."""
     _tool(state, str(helm_bin()), "uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", timeout=300)
