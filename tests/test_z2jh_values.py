@@ -819,3 +819,51 @@ def test_mistake_hub_extra_pins_jupyterhub_6():
         "the hub extra's jupyterhub>=6.1,<7 refuses z2jh's jupyterhub==5.5.0",
         "docker/hub.lock has jupyterhub==6.1.1, z2jh's hub image 5.5.0",
     ], problems
+
+
+# -------------------------------------------- the one-machine cluster: only images built there are started
+
+
+def pod_images(docs: list[dict[str, Any]]) -> set[str]:
+    """Every container and init container image of the rendered workloads."""
+    out = set()
+    for d in docs:
+        spec = d.get("spec", {})
+        pod = spec.get("template", {}).get("spec") if d["kind"] != "Pod" else spec
+        for c in (pod or {}).get("containers", []) + (pod or {}).get("initContainers", []):
+            out.add(c["image"])
+    return out
+
+
+def _machine_values(tmp_path: Path, edit=None) -> Path:
+    from tests.realnode_z2jh import Images, local_values
+
+    images = Images(*(f"localhost/tfdist-{n}:{n}-0123456789ab" for n in ("hub", "proxy", "notebook", "job")))
+    values = local_values(images, ["10.99.0.1:6443"], "p" * 16, "a" * 43)
+    if edit:
+        edit(values)
+    out = tmp_path / "machine.yaml"
+    out.write_text(yaml.safe_dump(values))
+    return out
+
+
+def test_machine_values_start_only_images_built_here(helm, tmp_path):
+    """scripts/cluster hub's values over the recipe: nothing the chart starts comes from quay.io or
+    registry.k8s.io (machines here cannot pull), and none is pulled."""
+    docs = render(helm, VALUES, "--values", str(_machine_values(tmp_path)))
+    assert pod_images(docs) == {
+        "localhost/tfdist-hub:hub-0123456789ab",
+        "localhost/tfdist-proxy:proxy-0123456789ab",
+    }
+    for d in docs:
+        pod = d.get("spec", {}).get("template", {}).get("spec") or {}
+        for c in pod.get("containers", []):
+            assert c.get("imagePullPolicy") == "Never", (d["metadata"]["name"], c["name"])
+
+
+def test_mistake_machine_values_keep_the_user_scheduler(helm, tmp_path):
+    def edit(v):
+        v["scheduling"]["userScheduler"]["enabled"] = True
+
+    docs = render(helm, VALUES, "--values", str(_machine_values(tmp_path, edit)))
+    assert any(i.startswith("registry.k8s.io/kube-scheduler") for i in pod_images(docs))
