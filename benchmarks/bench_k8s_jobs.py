@@ -3,7 +3,9 @@ nodes. Run:  python benchmarks/bench_k8s_jobs.py [--workers 1,4,16,64] [--idle 6
 (against the installed tfdist). Prints JSON and writes benchmarks/results/k8s_jobs.json.
 
 1. API requests per job (submit + watch until running + stop) and per pod, counted the same way as
-   benchmarks/bench_k8s.py (whose results/k8s.json holds the same numbers for the bare-pod design before).
+   benchmarks/bench_k8s.py, with the baseline measured in the same run on the same plane: the bare-pod
+   design of before (`--baseline` commit, the last one with it), its `core/` taken from git into a
+   temporary folder and run in a child process as `tfdist`, through the same `bench_k8s.bench_job`.
 2. The lifeline's cost: API requests per minute of one running job while nobody watches (the background
    payload delivery's watch and the root Job's deadline renewals), over `--idle` seconds.
 3. Time from a worker pod's deletion to its replacement running, with no kernel watching (the Job
@@ -16,7 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_k8s import H100, IMAGE, RequestLog, bench_job, linear_fit, summarize  # noqa: E402
+from bench_k8s import H100, IMAGE, RequestLog, backend_api, bench_job, linear_fit, summarize  # noqa: E402
 
 from tests.kube_plane import ControlPlane  # noqa: E402
 
@@ -59,7 +64,7 @@ async def bench_idle_and_replacement(plane: ControlPlane, log: RequestLog, ns: s
     from tfdist.jobspec import JobSpec
 
     b = _backend(plane, ns)
-    api = await b.api()
+    api = await backend_api(b)
     name = "idle"
     try:
         await b.submit(JobSpec(name=name, user="bench", workers=2, backend="kubernetes"), b"p", Launch())
@@ -99,7 +104,65 @@ async def bench_idle_and_replacement(plane: ControlPlane, log: RequestLog, ns: s
         await b.close()
 
 
-async def run(plane: ControlPlane, worker_counts: list[int], idle_s: float) -> dict[str, Any]:
+# the last commit of the bare-pod design (the next one, 3477aff, made the cluster run the job)
+BARE_PODS = "3477aff^"
+
+
+def measure_baseline(plane: ControlPlane, commit: str, worker_counts: list[int]) -> dict[str, Any]:
+    """`bench_job` for each worker count with the backend of `commit`, on this plane, in a child process
+    (its own `tfdist`: `core/` of that commit from git). Returns {"commit": full hash, "jobs": [...]}."""
+    full = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", commit], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", full, "core"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        os.rename(os.path.join(tmp, "core"), os.path.join(tmp, "tfdist"))
+        env = {**os.environ, "PYTHONPATH": tmp}
+        cmd = [sys.executable, __file__, "--baseline-child", plane.kubeconfig, "--workers"]
+        out = subprocess.run(
+            [*cmd, ",".join(map(str, worker_counts))], env=env, capture_output=True, text=True, timeout=1800
+        )
+    if out.returncode != 0:
+        raise RuntimeError(f"the baseline ({commit}) failed:\n{out.stderr[-3000:]}")
+    return {"commit": full, "jobs": json.loads(out.stdout)}
+
+
+async def baseline_child(kubeconfig: str, worker_counts: list[int]) -> list[dict]:
+    """In the child: the old backend's jobs, in a namespace of their own on the parent's plane."""
+    import tfdist
+
+    assert tfdist.__file__.startswith(os.environ["PYTHONPATH"]), "the baseline must run the old tfdist"
+    plane = ControlPlane.__new__(ControlPlane)  # only its kubeconfig: the parent owns the plane
+    plane.kubeconfig = kubeconfig
+    log = RequestLog()
+    log.install()
+    ns = f"bench-before-{os.getpid()}"
+    await asyncio.to_thread(_create_namespace, kubeconfig, ns)
+    jobs = []
+    for w in worker_counts:
+        jobs.append(await bench_job(plane, log, ns, w))
+        print(f"baseline job w={w}: {jobs[-1]['requests']['total']} requests", file=sys.stderr)
+    return jobs
+
+
+def _create_namespace(kubeconfig: str, ns: str) -> None:
+    async def create() -> None:
+        from kubernetes_asyncio import client, config
+
+        cfg = client.Configuration()
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        async with client.ApiClient(cfg) as api:
+            await client.CoreV1Api(api).create_namespace({"metadata": {"name": ns}})
+
+    asyncio.run(create())
+
+
+async def run(
+    plane: ControlPlane, worker_counts: list[int], idle_s: float, baseline: str | None = BARE_PODS
+) -> dict[str, Any]:
     log = RequestLog()
     log.install()
     out: dict[str, Any] = {}
@@ -113,11 +176,16 @@ async def run(plane: ControlPlane, worker_counts: list[int], idle_s: float) -> d
         "points": [[j["pods"], j["requests"]["total"]] for j in jobs],
         "fit": linear_fit([(j["pods"], j["requests"]["total"]) for j in jobs]) if len(jobs) > 1 else None,
     }
-    before = json.loads((REPO / "benchmarks" / "results" / "k8s.json").read_text())
-    out["before_bare_pods"] = {
-        "points": before["requests_vs_pods"]["points"],
-        "fit": before["requests_vs_pods"]["fit"],
-    }
+    if baseline:
+        before = await asyncio.to_thread(measure_baseline, plane, baseline, worker_counts)
+        out["before_bare_pods"] = {
+            "commit": before["commit"],
+            "points": [[j["pods"], j["requests"]["total"]] for j in before["jobs"]],
+            "fit": linear_fit([(j["pods"], j["requests"]["total"]) for j in before["jobs"]])
+            if len(before["jobs"]) > 1
+            else None,
+            "jobs": before["jobs"],
+        }
     out.update(await bench_idle_and_replacement(plane, log, ns, idle_s))
     return out
 
@@ -139,13 +207,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", default="1,4,16,64")
     ap.add_argument("--idle", type=float, default=60.0)
+    ap.add_argument(
+        "--baseline", default=BARE_PODS, help="commit of the design to compare with ('' for none)"
+    )
+    ap.add_argument("--baseline-child", metavar="KUBECONFIG", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "k8s_jobs.json"))
     args = ap.parse_args()
+    workers = [int(x) for x in args.workers.split(",") if x]
+    if args.baseline_child:
+        print(json.dumps(asyncio.run(baseline_child(args.baseline_child, workers))))
+        return
     plane = ControlPlane()
     try:
         plane.start()
         plane.add_gpu_nodes(10, 8, H100)
-        result = asyncio.run(run(plane, [int(x) for x in args.workers.split(",") if x], args.idle))
+        result = asyncio.run(run(plane, workers, args.idle, args.baseline or None))
     finally:
         plane.stop()
     result["machine"] = machine()
