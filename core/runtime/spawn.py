@@ -50,6 +50,8 @@ class StartupTimeout(StartupError):
 
 @dataclass
 class Task:
+    """One task of the job and its current process (a restart gives it a new one, same port and env)."""
+
     name: str
     port: int
     env: dict[str, str]

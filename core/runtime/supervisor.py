@@ -68,6 +68,8 @@ Outcome = tuple[str, str, "dict | None"]  # state, message, error
 
 
 class Supervisor:
+    """One local job from its first task's start to its last one's end; PsRestart's `TaskHost`."""
+
     def __init__(self, jobdir: str):
         self.jobdir = jobdir
         with open(os.path.join(jobdir, "spec.json")) as f:
