@@ -234,6 +234,23 @@ export function taskSeries(detail: IJobDetail): Map<string, Map<string, Series>>
   return out;
 }
 
+/** The status bar's sparkline: per sample the mean utilization of the GPUs that measured one (a MIG slice
+ * reports none: counting it as 0 would draw an idle GPU), else CPU; samples with no measured GPU are left
+ * out. Empty when no GPU sample measured any: the status bar then says n/a. */
+export function gpuSeries(s: IGpuStatus): number[] {
+  if (s.gpu_count === 0) {
+    return s.samples.map(x => x['cpu (%)']);
+  }
+  const out: number[] = [];
+  for (const x of s.samples) {
+    const utils = x.gpus.map(g => g['util (%)']).filter((v): v is number => typeof v === 'number');
+    if (utils.length) {
+      out.push(utils.reduce((a, b) => a + b, 0) / utils.length);
+    }
+  }
+  return out;
+}
+
 /** The status bar's text: GPU count + mean utilization, or CPU when this server has no GPU. */
 export function statusText(s: IGpuStatus | null): string {
   if (!s) {

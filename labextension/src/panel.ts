@@ -5,7 +5,7 @@ import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { IGpuStatus, IJobsApi, JobsModel, statusText } from './model';
+import { IGpuStatus, IJobsApi, JobsModel, gpuSeries, statusText } from './model';
 import { renderJobDetail, renderJobList, sparkline } from './render';
 
 export class JobsPanel extends Widget {
@@ -108,12 +108,13 @@ export class GpuStatusItem extends Widget {
     this._text.textContent = statusText(s);
     this._spark.replaceChildren();
     if (s) {
-      const series = s.samples.map(x =>
-        s.gpu_count > 0
-          ? x.gpus.reduce((a, g) => a + (g['util (%)'] ?? 0), 0) / Math.max(1, x.gpus.length)
-          : x['cpu (%)']
-      );
-      this._spark.appendChild(sparkline(document, series.slice(-60), 40, 14));
+      const series = gpuSeries(s);
+      if (series.length || s.gpu_count === 0 || !s.samples.length) {
+        this._spark.appendChild(sparkline(document, series.slice(-60), 40, 14));
+      } else {
+        // GPUs that report no utilization (MIG slices): say so rather than draw them idle
+        this._spark.textContent = ' n/a';
+      }
       this.node.title = s.gpu_count > 0 ? s.gpus.map(g => `GPU ${g.index}: ${g.name}`).join('\n') : `${s.cpu_count} CPUs`;
     }
   }

@@ -12,6 +12,7 @@ import {
   IJobsApi,
   JobsModel,
   detachedText,
+  gpuSeries,
   jobUtil,
   stateWord,
   statusText,
@@ -141,6 +142,21 @@ test('utilization: GPUs when a job has them, else CPU; per task and device serie
     statusText({ gpu_count: 0, gpus: [], cpu_count: 2, interval_s: 1, samples: [{ t: 1, 'cpu (%)': 12.4, 'mem (%)': 1, gpus: [] }] }),
     'CPU: 12%'
   );
+});
+
+test('the status sparkline averages only measured GPUs: a MIG slice (no utilization) is not a 0', () => {
+  const gpu = { index: 0, 'util (%)': 80, 'mem_used (MiB)': 1, 'mem_total (MiB)': 2 };
+  const mig = { index: 1, 'util (%)': null, util_missing: 'mig', 'mem_used (MiB)': 1, 'mem_total (MiB)': 2 };
+  const status = (gpus: (typeof gpu | typeof mig)[][]) => ({
+    gpu_count: 2,
+    gpus: [],
+    cpu_count: 2,
+    interval_s: 1,
+    samples: gpus.map((g, t) => ({ t, 'cpu (%)': 3, 'mem (%)': 1, gpus: g }))
+  });
+  assert.deepEqual(gpuSeries(status([[gpu, mig], [{ ...gpu, 'util (%)': 20 }, mig]])), [80, 20]);
+  assert.deepEqual(gpuSeries(status([[mig, { ...mig, index: 2 }]])), []); // nothing measured: n/a
+  assert.deepEqual(gpuSeries({ ...status([[]]), gpu_count: 0 }), [3]);
 });
 
 test('a job name holding HTML renders as text in the list', () => {
