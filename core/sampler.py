@@ -10,6 +10,7 @@ measured (a MIG instance) is None with ``util_missing`` saying why (`tfdist.nvml
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,16 @@ class TaskProcess:
     #: the GPUs this task was given as CUDA_VISIBLE_DEVICES names them: NVML indices, or UUIDs
     #: ("MIG-..." for a MIG instance, which CUDA names only so)
     gpu_indices: list[int | str] = field(default_factory=list)
+
+
+def sampler_gpus(names: Sequence[str]) -> list[int | str]:
+    """A task's GPUs as the sampler reads them: an NVML index as a number, a UUID as it is.
+
+    CUDA_VISIBLE_DEVICES names a MIG instance only by its UUID ("MIG-..."), and may name a GPU by its
+    ("GPU-..."): dropping those left a job on a MIG slice without GPU metrics (`GpuReader.device` resolves
+    them). The local supervisor and a pod read CUDA_VISIBLE_DEVICES alike through this.
+    """
+    return [int(g) if g.isdigit() else g for g in names if g]
 
 
 class GpuReader:

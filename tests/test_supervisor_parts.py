@@ -15,8 +15,8 @@ from tfdist.jobview import Reason
 from tfdist.runtime import events
 from tfdist.runtime.control import ControlServer
 from tfdist.runtime.guards import MemoryGuard
-from tfdist.runtime.spawn import PendingLines, Task, sampler_gpus
-from tfdist.sampler import TaskProcess
+from tfdist.runtime.spawn import PendingLines, Task
+from tfdist.sampler import TaskProcess, sampler_gpus
 
 MIG = "MIG-5a7c1a3e-0b1f-5e63-9d6a-0a1b2c3d4e5f"
 GPU = "GPU-11111111-1111-1111-1111-111111111111"
@@ -118,3 +118,12 @@ def test_the_memory_guard_leaves_a_task_under_its_limit() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_pods_sampler_keeps_a_mig_instance_named_by_uuid(monkeypatch) -> None:
+    """In a pod CUDA_VISIBLE_DEVICES may name the slice only by its UUID: it was dropped (digits only)."""
+    from tfdist.runtime.podmain import pod_sampler
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{MIG}, 1")
+    sampler = pod_sampler("worker-0", 1)
+    assert sampler._tasks["worker-0"].gpu_indices == [MIG, 1]

@@ -164,11 +164,12 @@ class _AgentLink:
 
 def pod_sampler(task: str, pid: int) -> Any:
     """A sampler of this pod's task process (`pid`) and the pod's own GPUs, for the monitor."""
-    from ..sampler import TaskProcess, TaskSampler
+    from ..sampler import TaskProcess, TaskSampler, sampler_gpus
 
     sampler = TaskSampler()
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        gpus = [int(g) for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip().isdigit()]
+    gpus: list[int | str]
+    if "CUDA_VISIBLE_DEVICES" in os.environ:  # a MIG instance is named by its UUID: keep it (was dropped)
+        gpus = sampler_gpus([g.strip() for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",")])
     else:  # the device plugin sets NVIDIA_VISIBLE_DEVICES: the container sees only its own GPUs
         gpus = sampler.gpus.indices()
     sampler.track(TaskProcess(task, pid, gpus))

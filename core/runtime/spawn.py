@@ -14,7 +14,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from tfdist.runtime import allreduce, events
 from tfdist.runtime.deathsig import die_with_parent
 from tfdist.runtime.forked import ForkServer, import_env
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
-from tfdist.sampler import TaskProcess, TaskSampler
+from tfdist.sampler import TaskProcess, TaskSampler, sampler_gpus
 from tfdist.settings import ENV_EVENTS_FD
 from tfdist.taskenv import THREAD_VARS
 
@@ -99,15 +99,6 @@ def allocate_ports(n: int, base: int | None) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def sampler_gpus(names: Sequence[str]) -> list[int | str]:
-    """A task's GPUs as the sampler reads them: an NVML index as a number, a UUID as it is.
-
-    CUDA_VISIBLE_DEVICES names a MIG instance only by its UUID ("MIG-..."), and may name a GPU by its
-    ("GPU-..."): dropping those left a job on a MIG slice without GPU metrics (tfdist.sampler resolves them).
-    """
-    return [int(g) if g.isdigit() else g for g in names if g]
 
 
 class PendingLines:
