@@ -15,12 +15,17 @@ The model (docs/users.md, "How `%tfdist plan` predicts"):
 * Tasks are spread round-robin over nodes (PS j on node j mod nodes); traffic between tasks on one node
   uses the local bandwidth, across nodes the network's. Links are full duplex.
 * All-reduce (ring): each step moves 2(N-1)/N of the gradient bytes in and out of every worker, with no
-  overlap with compute (MultiWorkerMirroredStrategy all-reduces after the backward pass). Each replica
-  keeps the cell's batch, so the recommended line asks for a dataset batch of N x batch (under all-reduce
-  the dataset's batch is the global one). Steps/s are always steps of the cell's batch.
+  overlap with compute (MultiWorkerMirroredStrategy all-reduces after the backward pass). Under
+  all-reduce the dataset's batch is the global one: the cell as written runs its batch split over the N
+  replicas (`split=True`, what `%tfdist plan` compares, with the step time measured at that per-replica
+  batch); with `split=False` each replica keeps the cell's batch (the dataset batched N x). PS workers
+  each take the cell's batch. Layouts are compared by examples/s, so by time to the same epochs; steps/s
+  are always steps of the cell's batch.
 * Workers of a local CPU job share the server's cores: their compute time-slices (a GPU is one worker's).
 * A fixed cost per step for dispatch and RPC latency (PS: the coordinator schedules each step as a
-  closure; all-reduce: collective launch), measured on this project's CI machine.
+  closure; all-reduce: collective launch). `%tfdist plan` measures them where it runs (the probe,
+  `tfdist.runtime.probe`); `with_costs` puts them in, and `Hardware.measured` says
+  which were measured. The constants below are the fallback, from this project's CI machine.
 """
 
 from __future__ import annotations
@@ -51,6 +56,21 @@ class Measured:
     grad_bytes: int | None = None  # trainable variables only (what all-reduce moves); None: all of them
     steps_per_epoch: int | None = None
     cores_used: float | None = None  # CPU time / wall time of the measured steps (None: all of them)
+    split_step_s: tuple[tuple[int, float], ...] = ()  # (smaller batch, its step) where it was measured
+    epochs: int | None = None  # the fit's epochs, for the time to train them
+
+    def step_at(self, batch: int) -> float:
+        """One step at `batch` examples: measured where it was, else linear in the batch between (or
+        beyond) the measured points; with one point, proportional to the batch."""
+        points = sorted({(self.batch, self.step_s), *self.split_step_s})
+        for b, t in points:
+            if b == batch:
+                return t
+        if len(points) == 1:
+            return self.step_s * batch / self.batch
+        (b0, t0), (b1, t1) = (points[0], points[1]) if batch < points[1][0] else points[-2:]
+        slope = (t1 - t0) / (b1 - b0) if b1 != b0 else 0.0
+        return max(t0 * min(1.0, batch / b0) if b0 else 0.0, t0 + slope * (batch - b0), 1e-6)
 
     @property
     def param_bytes(self) -> int:
@@ -73,6 +93,7 @@ class Hardware:
     ps_dispatch_s: float = PS_DISPATCH_S  # per step at the coordinator, one at a time
     ps_dispatch_per_ps_s: float = PS_DISPATCH_PER_EXTRA_PS_S
     allreduce_overhead_s: float = ALLREDUCE_STEP_OVERHEAD_S
+    measured: tuple[str, ...] = ()  # which of the costs above were measured here (the rest: assumed)
 
     @property
     def devices(self) -> int:
@@ -90,6 +111,11 @@ class Prediction:
     bound: str  # what limits it: compute, shared CPU, PS bandwidth, network, all-reduce bandwidth, dispatch
     detail: str = ""
     phases: dict[str, float] = field(default_factory=dict)
+    replica_batch: int = 0  # examples one worker computes per step (PS: the cell's; all-reduce: split)
+
+    def train_s(self, epochs: int | None) -> float | None:
+        """Time to train `epochs` epochs (every layout sees the same examples per epoch)."""
+        return self.epoch_s * epochs if self.epoch_s is not None and epochs else None
 
     @property
     def label(self) -> str:
@@ -123,8 +149,8 @@ def size(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _compute_s(m: Measured, hw: Hardware, workers: int, per_worker_batch_share: float) -> float:
-    t = m.step_s * per_worker_batch_share
+def _compute_s(m: Measured, hw: Hardware, workers: int, replica_batch: int) -> float:
+    t = m.step_at(replica_batch)
     if hw.shared_cpu_cores is not None:  # a CPU server: the workers' compute time-slices its cores
         used = m.cores_used if m.cores_used is not None else hw.shared_cpu_cores
         t *= max(1.0, workers * min(used, hw.shared_cpu_cores) / hw.shared_cpu_cores)
@@ -174,7 +200,7 @@ def _phase_s(m: Measured, hw: Hardware, workers: int, ps: int) -> tuple[float, s
 
 
 def predict_ps(m: Measured, hw: Hardware, workers: int, ps: int) -> Prediction:
-    compute = _compute_s(m, hw, workers, 1.0)
+    compute = _compute_s(m, hw, workers, m.batch)
     phase, link, why = _phase_s(m, hw, workers, ps)
     step = compute + 2 * phase + hw.ps_overhead_s
     dispatch = hw.ps_dispatch_s + hw.ps_dispatch_per_ps_s * (ps - 1)
@@ -195,13 +221,15 @@ def predict_ps(m: Measured, hw: Hardware, workers: int, ps: int) -> Prediction:
         bound,
         why,
         {"compute": compute, "pull": phase, "push": phase, "overhead": hw.ps_overhead_s},
+        m.batch,
     )
 
 
-def predict_allreduce(m: Measured, hw: Hardware, workers: int) -> Prediction:
-    """Each replica keeps the cell's batch (the run line scales the dataset's batch by N: under all-reduce
-    a dataset's batch is the global one), so a step processes workers x batch examples."""
-    compute = _compute_s(m, hw, workers, 1.0)
+def predict_allreduce(m: Measured, hw: Hardware, workers: int, split: bool = False) -> Prediction:
+    """split: the cell's batch is the global one, split over the replicas (the cell as written); else each
+    replica keeps the cell's batch (the dataset batched N x), so a step processes workers x batch."""
+    replica = max(1, m.batch // workers) if split else m.batch
+    compute = _compute_s(m, hw, workers, replica)
     moved = 2 * (workers - 1) / workers * m.gradient_bytes  # in, and out, of every worker
     if workers == 1:
         comm = 0.0
@@ -212,10 +240,16 @@ def predict_allreduce(m: Measured, hw: Hardware, workers: int) -> Prediction:
         comm = max(t_nic, t_local)
         if hw.allreduce_bandwidth:
             comm = max(comm, moved / hw.allreduce_bandwidth)
-    step = compute + comm + (hw.allreduce_overhead_s if workers > 1 else 0.0)
-    examples = workers * m.batch / step
-    bound = _compute_bound(hw, workers) if compute >= comm else "all-reduce bandwidth"
+    overhead = hw.allreduce_overhead_s if workers > 1 else 0.0
+    step = compute + comm + overhead
+    examples = workers * replica / step
+    if compute >= comm + overhead:
+        bound = _compute_bound(hw, workers)
+    else:
+        bound = "all-reduce bandwidth" if comm >= overhead else "step latency"
     why = f"each step all-reduces {size(m.gradient_bytes)} of gradients over {workers} workers"
+    if split:
+        why += f" (batch {replica} per replica)"
     return Prediction(
         "allreduce",
         workers,
@@ -225,7 +259,8 @@ def predict_allreduce(m: Measured, hw: Hardware, workers: int) -> Prediction:
         _epoch(m, examples / m.batch),
         bound,
         why,
-        {"compute": compute, "all-reduce": comm, "overhead": hw.allreduce_overhead_s},
+        {"compute": compute, "all-reduce": comm, "overhead": overhead},
+        replica,
     )
 
 
@@ -239,13 +274,38 @@ def ps_counts(workers: int, n_vars: int) -> list[int]:
     return sorted({*out, top})
 
 
-def plan(m: Measured, hw: Hardware, workers: int | None = None) -> list[Prediction]:
-    """Every candidate: one worker; N workers with each k PS that matters; all-reduce with N workers."""
+def plan(m: Measured, hw: Hardware, workers: int | None = None, split: bool = False) -> list[Prediction]:
+    """Every candidate: one worker; N workers with each k PS that matters; all-reduce with N workers
+    (split: at the cell's batch split over them, as the cell runs; else at N x the cell's batch)."""
     n = workers or max(2, hw.devices)
     preds = [predict_single(m, hw)]
     preds += [predict_ps(m, hw, n, k) for k in ps_counts(n, len(m.var_bytes))]
-    preds.append(predict_allreduce(m, hw, n))
+    preds.append(predict_allreduce(m, hw, n, split))
     return preds
+
+
+COSTS = (
+    "ps_overhead_s",
+    "ps_dispatch_s",
+    "ps_dispatch_per_ps_s",
+    "allreduce_overhead_s",
+    "allreduce_bandwidth",
+    "link_bandwidth",  # both `bandwidth` and `local_bandwidth`: one machine's loopback
+)
+# what a measurement in the user's server says about a job's pods elsewhere: only the coordinator's pace
+REMOTE_COSTS = ("ps_dispatch_s", "ps_dispatch_per_ps_s")
+
+
+def with_costs(hw: Hardware, costs: dict[str, float], local: bool = True) -> Hardware:
+    """`hw` with the fixed costs measured where the plan runs (the others stay assumed). A job on other
+    machines (Kubernetes) takes only the coordinator's pace from them: latency and rates there differ."""
+    keys = COSTS if local else REMOTE_COSTS
+    got = {k: float(v) for k, v in costs.items() if k in keys and v is not None and float(v) > 0}
+    link = got.pop("link_bandwidth", None)
+    if link is not None:
+        got |= {"bandwidth": link, "local_bandwidth": link}
+    measured = tuple(k for k in COSTS if k in got or (k == "link_bandwidth" and link is not None))
+    return replace(hw, **got, measured=measured)
 
 
 def recommend(preds: list[Prediction]) -> tuple[Prediction, str]:

@@ -26,6 +26,7 @@ from IPython.display import HTML, Image, display
 
 from .. import advisor, payload
 from ..errors import TfdistError
+from ..runtime.probe import ProbeResult
 from ..settings import KernelSettings
 from ..taskenv import thread_env, usable_cores
 from . import args as margs
@@ -35,10 +36,10 @@ PROBE_TIMEOUT_S = 180.0
 
 @dataclass
 class FitCall:
-    model: str
-    data: str
-    steps_per_epoch: int | None
-    epochs: int | None
+    model: str  # the fit's receiver as written (`model`, `models["a"]`): for the summary
+    source: str  # what the probe runs: the cell (as `%%tfdist run` would), or `MODEL.fit(DATA)`
+    reads: list[str]  # the notebook names it reads, shipped as the job ships them
+    line_offset: int  # lines above the source in the cell (the magic's line)
 
 
 def plan_parser() -> argparse.ArgumentParser:
@@ -57,35 +58,60 @@ def plan_parser() -> argparse.ArgumentParser:
     return p
 
 
-def find_fit(source: str) -> FitCall:
-    """The first `NAME.fit(NAME, ...)` of the cell: what plan measures."""
+def find_fit(source: str) -> str:
+    """The receiver of the cell's first `X.fit(...)` (as written): the cell runs in the probe up to it."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         raise TfdistError(f"SyntaxError in the cell, line {(exc.lineno or 0) + 1}: {exc.msg}") from None
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-            continue
-        if node.func.attr != "fit" or not isinstance(node.func.value, ast.Name):
-            continue
-        data = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "x"), None)
-        if not isinstance(data, ast.Name):
-            raise TfdistError(
-                "%%tfdist plan needs the fit's data as a notebook name (model.fit(train_ds, ...)), "
-                "so it can be measured; nothing was started"
-            )
-        kw = {k.arg: k.value for k in node.keywords}
-        return FitCall(
-            node.func.value.id, data.id, _int_const(kw.get("steps_per_epoch")), _int_const(kw.get("epochs"))
-        )
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fit":
+            return ast.unparse(node.func.value)
     raise TfdistError(
         "%%tfdist plan found no model.fit(...) call in the cell: it measures the model and dataset "
         "of a fit (e.g. history = model.fit(train_ds, epochs=5, steps_per_epoch=100)); nothing was started"
     )
 
 
-def _int_const(node: ast.expr | None) -> int | None:
-    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, int) else None
+def cell_fit(shell: Any, cell: str) -> FitCall:
+    """The cell as `%%tfdist run` takes it: the same checks, the same names shipped."""
+    from .magics import SHELL_NAMES
+
+    source = shell.transform_cell(cell)
+    if "get_ipython()" in source:
+        raise UsageError(
+            "IPython magics and shell escapes (%, !) cannot run where the fit is measured (nor on the "
+            "job's coordinator): move them to another cell"
+        )
+    model = find_fit(source)
+    names = payload.cell_names(source)
+    undefined = payload.undefined_names(names, shell.user_ns)
+    if undefined:
+        raise TfdistError(
+            f"name {undefined[0]!r} is used in the cell but not defined in the notebook: run the cell "
+            "that defines it first; nothing was started"
+        )
+    reads = [n for n in names.reads if n in shell.user_ns and n not in SHELL_NAMES]
+    return FitCall(model, source, reads, line_offset=1)
+
+
+def line_fit(shell: Any, model: str, data: str) -> FitCall:
+    """`%tfdist plan MODEL DATASET`: the two names, checked here for a clear sentence."""
+    ns = shell.user_ns
+    for name, what in ((model, "model"), (data, "dataset")):
+        if name not in ns:
+            raise TfdistError(f"name {name!r} ({what}) is not defined in the notebook; nothing was started")
+    if not payload._is_keras_model(ns[model]):
+        raise TfdistError(
+            f"{model!r} is not a tf.keras (tf_keras) model ({type(ns[model]).__name__}): plan measures the "
+            "model of a fit; nothing was started"
+        )
+    if not payload._is_dataset(ns[data]):
+        raise TfdistError(
+            f"{data!r} is not a tf.data dataset ({type(ns[data]).__name__}): plan measures a batched "
+            "tf.data pipeline; nothing was started"
+        )
+    return FitCall(model, f"{model}.fit({data})", [model, data], line_offset=0)
 
 
 def hardware(opts: argparse.Namespace, settings: Any) -> tuple[advisor.Hardware, int]:
@@ -120,23 +146,12 @@ def hardware(opts: argparse.Namespace, settings: Any) -> tuple[advisor.Hardware,
     return hw, opts.workers or hw.devices
 
 
-def measure(shell: Any, model: str, data: str) -> dict[str, Any]:
-    """The probe's measurement of `model` on `data`, in a subprocess with this server's thread pools."""
-    ns = shell.user_ns
-    for name, what in ((model, "model"), (data, "dataset")):
-        if name not in ns:
-            raise TfdistError(f"name {name!r} ({what}) is not defined in the notebook; nothing was started")
-    if not payload._is_keras_model(ns[model]):
-        raise TfdistError(
-            f"{model!r} is not a tf.keras (tf_keras) model ({type(ns[model]).__name__}): plan measures the "
-            "model of a fit; nothing was started"
-        )
-    if not payload._is_dataset(ns[data]):
-        raise TfdistError(
-            f"{data!r} is not a tf.data dataset ({type(ns[data]).__name__}): plan measures a batched "
-            "tf.data pipeline; nothing was started"
-        )
-    blob = payload.pack("", [model, data], ns, line_offset=0)
+def measure(shell: Any, fit: FitCall, split: int) -> ProbeResult:
+    """The probe's measurement of the fit, in a subprocess with this server's thread pools."""
+    try:
+        blob = payload.pack(fit.source, fit.reads, shell.user_ns, line_offset=fit.line_offset)
+    except payload.ShippingError as exc:
+        raise TfdistError(f"{exc}; nothing was started") from None
     with tempfile.TemporaryDirectory(prefix="tfdist-plan-") as d:
         bundle, out = os.path.join(d, "bundle.bin"), os.path.join(d, "probe.json")
         with open(bundle, "wb") as f:
@@ -146,7 +161,7 @@ def measure(shell: Any, model: str, data: str) -> dict[str, Any]:
         env |= thread_env(None, usable_cores())
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "tfdist.runtime.probe", bundle, out, model, data],
+                [sys.executable, "-m", "tfdist.runtime.probe", bundle, out, str(split)],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -154,7 +169,7 @@ def measure(shell: Any, model: str, data: str) -> dict[str, Any]:
             )
         except subprocess.TimeoutExpired:
             raise TfdistError(
-                f"measuring {model!r} took over {PROBE_TIMEOUT_S:g}s; nothing was started"
+                f"measuring {fit.model!r} took over {PROBE_TIMEOUT_S:g}s; nothing was started"
             ) from None
         try:
             with open(out) as f:
@@ -164,25 +179,62 @@ def measure(shell: Any, model: str, data: str) -> dict[str, Any]:
             raise TfdistError(f"the model could not be measured: {' / '.join(tail)}") from None
     if "error" in result:
         raise TfdistError(f"the model could not be measured: {result['error']}; nothing was started")
-    return result
+    got = ProbeResult(**result)
+    got.split_step_s = [(int(b), float(t)) for b, t in got.split_step_s]
+    return got
 
 
-def table_text(preds: list[advisor.Prediction]) -> str:
-    rows = [("layout", "steps/s", "examples/s", "epoch", "bound")]
-    for p in preds:
-        epoch = f"{p.epoch_s:.1f} s" if p.epoch_s is not None else "-"
-        rows.append((p.label, f"{p.steps_per_s:.2f}", f"{p.examples_per_s:.0f}", epoch, p.bound))
+def costs_text(hw: advisor.Hardware, error: str) -> str:
+    """What was measured here for the fixed costs, and what was assumed."""
+    names = {
+        "ps_overhead_s": ("PS step round trip", "ms"),
+        "ps_dispatch_s": ("coordinator dispatch", "ms"),
+        "ps_dispatch_per_ps_s": ("dispatch per extra PS", "ms"),
+        "allreduce_overhead_s": ("all-reduce launch", "ms"),
+        "allreduce_bandwidth": ("all-reduce rate", "GB/s"),
+        "link_bandwidth": ("PS link rate", "GB/s"),
+    }
+
+    def show(key: str) -> str:
+        label, unit = names[key]
+        value = hw.bandwidth if key == "link_bandwidth" else getattr(hw, key)
+        if value is None:
+            return f"{label} as the links"
+        return f"{label} {value * 1000:.2f} ms" if unit == "ms" else f"{label} {value / 1e9:.2f} GB/s"
+
+    measured = [show(k) for k in advisor.COSTS if k in hw.measured]
+    assumed = [show(k) for k in advisor.COSTS if k not in hw.measured]
+    out = "measured here: model step" + (", " + ", ".join(measured) if measured else "")
+    out += "\nassumed: " + (", ".join(assumed) or "nothing")
+    if error:
+        out += f" (the fixed costs could not be measured here: {error})"
+    return out
+
+
+def _epochs_head(epochs: int | None) -> str:
+    return f"{epochs} epoch{'s' if epochs != 1 else ''}" if epochs else "epoch"
+
+
+def _cells(p: advisor.Prediction, epochs: int | None) -> tuple[str, ...]:
+    t = p.train_s(epochs) if epochs else p.epoch_s
+    batch = f"{p.replica_batch}" + (f" x {p.workers}" if p.strategy != "single" else "")
+    return (p.label, batch, f"{p.examples_per_s:.0f}", f"{t:.1f} s" if t is not None else "-", p.bound)
+
+
+def table_text(preds: list[advisor.Prediction], epochs: int | None = None) -> str:
+    rows = [("layout", "batch", "examples/s", _epochs_head(epochs), "bound")]
+    rows += [_cells(p, epochs) for p in preds]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
-def table_html(preds: list[advisor.Prediction], best: advisor.Prediction) -> str:
-    head = "".join(f"<th>{h}</th>" for h in ("layout", "steps/s", "examples/s", "epoch", "bound"))
+def table_html(preds: list[advisor.Prediction], best: advisor.Prediction, epochs: int | None = None) -> str:
+    heads = ("layout", "batch", "examples/s", _epochs_head(epochs), "bound")
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in heads)
     body = []
     for p in preds:
         style = " style='font-weight:bold'" if p is best else ""
-        epoch = f"{p.epoch_s:.1f} s" if p.epoch_s is not None else "-"
-        cells = (p.label, f"{p.steps_per_s:.2f}", f"{p.examples_per_s:.0f}", epoch, p.bound)
+        cells = _cells(p, epochs)
         body.append(f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     return f"<table class='tfdist-plan'><tr>{head}</tr>{''.join(body)}</table>"
 
@@ -210,39 +262,44 @@ def plan(magics: Any, argv: list[str], cell: str | None) -> None:
             raise UsageError("%%tfdist plan takes no names: it finds the fit in the cell")
         if not cell.strip():
             raise UsageError("the %%tfdist plan cell is empty: put the fit you want planned in it")
-        fit = find_fit(magics.shell.transform_cell(cell))
+        fit = cell_fit(magics.shell, cell)
     else:
         if not (opts.model and opts.data):
             raise UsageError(
                 "%tfdist plan MODEL DATASET (names in the notebook), or %%tfdist plan over a cell with "
                 "model.fit(...)"
             )
-        fit = FitCall(opts.model, opts.data, None, None)
+        fit = line_fit(magics.shell, opts.model, opts.data)
     hw, workers = hardware(opts, magics.settings)
-    got = measure(magics.shell, fit.model, fit.data)
+    got = measure(magics.shell, fit, workers)
+    hw = advisor.with_costs(hw, got.costs, local=(opts.backend or magics.settings.backend) == "local")
     m = advisor.Measured(
-        step_s=got["step_s"],
-        batch=got["batch"],
-        var_bytes=tuple(got["var_bytes"]),
-        grad_bytes=got["grad_bytes"],
-        steps_per_epoch=opts.steps_per_epoch or fit.steps_per_epoch,
-        cores_used=got.get("cores_used"),
+        step_s=got.step_s,
+        batch=got.batch,
+        var_bytes=tuple(got.var_bytes),
+        grad_bytes=got.grad_bytes,
+        steps_per_epoch=opts.steps_per_epoch or got.steps_per_epoch,
+        cores_used=got.cores_used,
+        split_step_s=tuple(got.split_step_s),
+        epochs=got.epochs,
     )
-    preds = advisor.plan(m, hw, workers)
+    preds = advisor.plan(m, hw, workers, split=True)  # the cell runs as written: all-reduce splits its batch
     best, why = advisor.recommend(preds)
     shards = advisor.shard(m.var_bytes, max(p.ps for p in preds))
-    line = best.run_line()
-    if best.strategy == "allreduce":
-        line += f"   # batch the dataset {best.workers}x (global batch {best.workers * m.batch})"
     summary = (
-        f"{fit.model}: {got['params']:,} parameters ({advisor.size(m.param_bytes)} in {len(m.var_bytes)} "
+        f"{fit.model}: {got.params:,} parameters ({advisor.size(m.param_bytes)} in {len(m.var_bytes)} "
         f"variables, the largest {advisor.size(max(m.var_bytes))}), batch {m.batch}, one step "
         f"{m.step_s * 1000:.1f} ms on one device here; over {len(shards)} PS: "
         + ", ".join(advisor.size(s) for s in shards)
     )
-    where = f"{hw.nodes} node(s) x {hw.devices_per_node} device(s), {hw.bandwidth * 8 / 1e9:.3g} Gbit/s"
-    text = f"{summary}\nplanned for {workers} workers on {where}\n\n{table_text(preds)}\n\n"
-    text += f"recommended: {line}\nwhy: {why}"
+    where = f"{hw.nodes} node(s) x {hw.devices_per_node} device(s)"
+    semantics = (
+        "batch: PS workers each take the cell's batch; all-reduce splits it over the workers "
+        "(the dataset's batch is the global one)"
+    )
+    text = f"{summary}\nplanned for {workers} workers on {where}\n{costs_text(hw, got.costs_error)}\n"
+    text += f"{semantics}\n\n{table_text(preds, m.epochs)}\n\n"
+    text += f"recommended: {best.run_line()}\nwhy: {why}"
     print(text)
-    display(HTML(table_html(preds, best)))
+    display(HTML(table_html(preds, best, m.epochs)))
     display(Image(chart_png(preds)))

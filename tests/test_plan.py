@@ -12,6 +12,20 @@ from tests.kernels import job_processes
 pytestmark = pytest.mark.slow
 
 FIT = "history = model.fit(train_ds, epochs=3, steps_per_epoch=40)"
+PIPELINE = (
+    "def pipeline(batch):\n"
+    "    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048, seed=0).repeat().batch(batch)\n"
+)
+
+
+def recommended(text: str) -> str:
+    return text.split("recommended: ")[1].split("\n")[0]
+
+
+def row(text: str, label: str) -> list[str]:
+    """The plan table's row of `label`, split into its columns."""
+    line = next(ln for ln in text.splitlines() if ln.startswith(label))
+    return line[len(label) :].split()
 
 
 def jobs_in(state_dir: str) -> list[str]:
@@ -29,19 +43,33 @@ def test_plan_cell_measures_and_recommends(tf_kernel):
         assert label in text, text
     assert "recommended: %%tfdist run " in text and "why: " in text
     assert {"text/html", "image/png"} <= r.mimetypes()
-    line = text.split("recommended: ")[1].split("\n")[0]
-    assert line.startswith(
-        (
-            "%%tfdist run --workers 1 --ps 1",
-            "%%tfdist run --workers 2 --ps",
-            "%%tfdist run --strategy allreduce --workers 2",
-        )
-    ), line
+    # what was measured here and what assumed, and each layout's batch as it will run
+    assert "measured here: model step, PS step round trip" in text and "all-reduce launch" in text, text
+    assert "assumed: " in text
+    assert row(text, "2 workers, 1 PS")[:3] == ["64", "x", "2"]
+    assert row(text, "all-reduce, 2 workers")[:3] == ["32", "x", "2"]  # the cell's 64, split
+    assert "3 epochs" in text  # time to the fit's own epochs
     assert jobs_in(tf_kernel.state_dir) == before
     assert not job_processes()
     # the kernel's model is untouched (measured in a copy, in another process)
     r = tf_kernel.execute("print(model.optimizer.iterations.numpy())", timeout=30)
     assert r.text.strip() == "0"
+
+
+def test_plan_takes_the_cell_as_run_takes_it(tf_kernel):
+    """The fit's data is an expression (a call), evaluated where the run would: in the probe, with the
+    cell's names shipped as the job ships them; its batch and epochs are the evaluated ones."""
+    r = tf_kernel.execute(PIPELINE, timeout=30)
+    assert r.error is None, r.error_text
+    r = tf_kernel.execute(
+        "%%tfdist plan --workers 2\nhist = model.fit(pipeline(batch=32), epochs=1)", timeout=300
+    )
+    assert r.error is None, r.error_text
+    assert "model: 4,810 parameters" in r.text and "batch 32" in r.text, r.text
+    assert "1 epoch" in r.text
+    assert recommended(r.text).startswith("%%tfdist run"), r.text
+    assert "hist" not in tf_kernel.execute("print(sorted(globals()))", timeout=30).text  # nothing ran here
+    assert not job_processes()
 
 
 def test_plan_line_magic_on_a_wide_model_names_its_size(tf_kernel):
@@ -66,8 +94,11 @@ def test_plan_line_magic_on_a_wide_model_names_its_size(tf_kernel):
 BAD = [
     ("%%tfdist plan\nx = 1\nprint(x)\n", "found no model.fit(...) call in the cell"),
     ("%%tfdist plan\n   \n", "the %%tfdist plan cell is empty"),
-    ("%%tfdist plan\nmodel.fit(x=[1, 2], epochs=1)\n", "needs the fit's data as a notebook name"),
-    ("%%tfdist plan\nmodel.fit(nope_ds, epochs=1)\n", "name 'nope_ds' (dataset) is not defined"),
+    ("%%tfdist plan\nmodel.fit(x=[1, 2], epochs=1)\n", "the model could not be measured"),
+    ("%%tfdist plan\nmodel.fit(epochs=1)\n", "the cell's fit is given no data"),
+    ("%%tfdist plan\nif False:\n    model.fit(train_ds)\n", "the cell ran to its end without calling fit"),
+    ("%%tfdist plan\n%time model.fit(train_ds)\n", "IPython magics and shell escapes"),
+    ("%%tfdist plan\nmodel.fit(nope_ds, epochs=1)\n", "name 'nope_ds' is used in the cell but not defined"),
     ("%tfdist plan", "%tfdist plan MODEL DATASET"),
     ("%tfdist plan x train_ds", "'x' is not a tf.keras (tf_keras) model (ndarray)"),
     ("%tfdist plan model x", "'x' is not a tf.data dataset (ndarray)"),
