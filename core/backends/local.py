@@ -9,7 +9,8 @@ on after the kernel is gone, and its results stay in the job's directory until o
 (`%tfdist attach NAME`, from any later kernel with this state directory) or until the retention time after
 its end (TFDIST_RESULT_RETENTION_S, set by the admin, default 24 h) has passed; the next use of the backend
 then deletes the job's directory. Results come back once, as on Kubernetes: a second attach is told so.
-Those rules and their sentences are `tfdist.job.detach`'s, shared with the Kubernetes backend.
+Those rules and their sentences are `tfdist.job.detach`'s, shared with the Kubernetes backend; the files
+that carry them (record, retention, attach, results once) are `backends.localdetach`'s, mixed in here.
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob, TfdistError
-from ..job import detach as dt
-from ..job.detach import DetachSummary
+from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob
 from ..job.events import Event, Reader, SnapshotEvent, StateEvent, decode, dumps
 from ..job.vocab import TERMINAL, JobState, Reason
 from ..jobrecords import JobSummary
@@ -42,11 +41,13 @@ from ..runtime.tasklog import tail_lines
 from ..runtime.unixsock import short_path
 from ..settings import ENV_ISOLATION, ENV_NETNS, KernelSettings
 from .base import Backend, Launch
+from .localdetach import DETACHED_FILE, DetachedJobs, NoSuchDetachedJob
 from .pool import PoolKeeper
+
+__all__ = ["DETACHED_FILE", "LocalBackend", "NoSuchDetachedJob"]  # the detached half: backends.localdetach
 
 KEEP_FINISHED = 20  # finished job directories kept for `%tfdist logs`
 ISOLATION_ENV = ENV_ISOLATION  # "netns" (default) or "none"
-DETACHED_FILE = "detached.json"  # present in a detached job's directory: retention, owner, taken
 
 
 def _read_logs(logdir: str, task: str | None, tail: int | None) -> dict[str, str]:
@@ -61,16 +62,7 @@ def _read_logs(logdir: str, task: str | None, tail: int | None) -> dict[str, str
     return out
 
 
-class NoSuchDetachedJob(NoSuchJob):
-    """Nothing to attach to under that name: never started, another user's, or deleted after retention.
-    One sentence for all three, so that it says nothing about other users' jobs."""
-
-    def __init__(self, name: str, retention: float):
-        super().__init__(name)
-        self.args = (dt.nothing_waiting(name, retention),)
-
-
-class LocalBackend(Backend):
+class LocalBackend(DetachedJobs, Backend):
     name = "local"
 
     def __init__(self, state_dir: str, isolation: str | None = None):
@@ -221,85 +213,6 @@ class LocalBackend(Backend):
         for n in finished[: max(0, len(finished) - KEEP_FINISHED)]:
             shutil.rmtree(self.jobdir(n), ignore_errors=True)
 
-    # ------------------------------------------------------------------ detach / attach
-    @staticmethod
-    def _write_detached(d: str, rec: dict[str, Any]) -> None:
-        tmp = os.path.join(d, DETACHED_FILE + ".part")
-        with open(tmp, "w") as f:
-            json.dump(rec, f)
-        os.replace(tmp, os.path.join(d, DETACHED_FILE))
-
-    def _detached(self, name: str) -> dict[str, Any] | None:
-        """The detached record of a job, or None for a job that was not detached."""
-        try:
-            with open(os.path.join(self.jobdir(name), DETACHED_FILE)) as f:
-                rec = json.load(f)
-        except (OSError, ValueError, NoSuchJob):
-            return None
-        return rec if isinstance(rec, dict) else None
-
-    def _ended_at(self, name: str) -> float | None:
-        """When a job that no longer runs ended (its state file's word, else the file's age)."""
-        if self.is_running(name):
-            return None
-        path = os.path.join(self.jobdir(name), "state.json")
-        try:
-            with open(path) as f:
-                st = json.load(f)
-            if st.get("ended"):
-                return float(st["ended"])
-            mtime = os.path.getmtime(path)
-        except (OSError, ValueError, TypeError, AttributeError):
-            try:
-                mtime = os.path.getmtime(self.jobdir(name))
-            except OSError:
-                return None
-            st = {}
-        # no end recorded: a job still launching is not over; one whose supervisor vanished ended then
-        launching = st.get("state") not in TERMINAL and time.time() - mtime < 60
-        return None if launching else mtime
-
-    def _results_waiting(self, name: str) -> bool:
-        """A detached job whose results nobody has taken yet: not pruned with the ordinary finished jobs."""
-        rec = self._detached(name)
-        return rec is not None and not dt.taken(rec)
-
-    def expire(self, now: float | None = None) -> list[str]:
-        """Delete detached jobs whose retention has passed since they ended (results, logs and state);
-        the names deleted. Every use of the backend calls it: no daemon is needed for the clean-up."""
-        now = time.time() if now is None else now
-        gone = []
-        for n in self._names():
-            rec = self._detached(n)
-            if rec is None:
-                continue
-            if dt.expired(rec, self._ended_at(n), now):
-                shutil.rmtree(self.jobdir(n), ignore_errors=True)
-                gone.append(n)
-        return gone
-
-    def _no_detached(self, name: str) -> TfdistError:
-        return NoSuchDetachedJob(name, self.retention().seconds)
-
-    async def attach(self, name: str) -> None:
-        """Check that `name` is a detached job of this user whose results can still be taken; `watch`,
-        `status` and `fetch_result` then follow it like any job. Raises one sentence when it cannot."""
-        self.expire()
-        try:
-            d = self.jobdir(name)
-            st = os.stat(d)
-        except (NoSuchJob, OSError):  # no such directory, or not ours to read (another user's 0700 dir)
-            raise self._no_detached(name) from None
-        if st.st_uid != os.getuid():
-            raise self._no_detached(name)
-        rec = self._detached(name)
-        if rec is None:
-            if not os.path.exists(os.path.join(d, "spec.json")):
-                raise self._no_detached(name)
-            raise JobSpecError(dt.not_detached(name))
-        if dt.taken(rec):
-            raise JobSpecError(dt.already_taken(name))
-
     # ------------------------------------------------------------------ control socket
     async def _request(
         self, name: str, op: str, **extra: Any
@@ -441,35 +354,6 @@ class LocalBackend(Backend):
             raise NoSuchJob(name)
         # file reads off the event loop: the Jupyter server's loop serves every tab
         return await asyncio.to_thread(_read_logs, logdir, task, tail)
-
-    def detach_summary(self, name: str, ended: float | None = None) -> DetachSummary:
-        """What the lab panel and `%tfdist list` say of a detached job (`tfdist.job.detach.summary`); the
-        job's end and whether its results are there are read from its directory."""
-        rec = self._detached(name)
-        if rec is None or dt.taken(rec):
-            return dt.summary(rec, None)
-        has = os.path.exists(os.path.join(self.jobdir(name), "result.bin"))
-        return dt.summary(rec, self._ended_at(name), has_results=has)
-
-    async def fetch_result(self, name: str) -> bytes | None:
-        d = self.jobdir(name)
-        path = os.path.join(d, "result.bin")
-        claim = f"{path}.taking-{os.getpid()}-{threading.get_ident()}"
-        try:  # atomic: of two kernels attached to one detached job, one gets the results
-            os.rename(path, claim)
-        except FileNotFoundError:
-            if dt.taken(self._detached(name)):
-                raise JobSpecError(dt.already_taken(name)) from None
-            return None
-        with open(claim, "rb") as f:
-            data = f.read()
-        for fn in (claim, os.path.join(d, "payload.bin")):  # may be hundreds of MB: not kept once delivered
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(fn)
-        rec = self._detached(name)
-        if rec is not None:
-            self._write_detached(d, rec | {"taken": time.time()})
-        return data
 
     async def close(self) -> None:
         for name in list(self._lifelines):
