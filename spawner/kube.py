@@ -22,6 +22,7 @@ with a 400 instead of a KeyError/500).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -31,7 +32,7 @@ from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, default, v
 
 from tfdist import settings
 from tfdist.kube import egress, tenancy
-from tfdist.kube.apply import prepare_user_namespace
+from tfdist.kube.apply import prepare_user_namespace, prepare_user_queues
 from tfdist.kube.manifests import notebook_pod_labels
 
 from .allocator import ModelAvailability
@@ -43,6 +44,10 @@ from .validation import Choice
 __all__ = ["TfdistKubeSpawner", "shared_gpu_view"]
 
 _view: ClusterGpuView | None = None
+# the cluster-wide Kueue objects this hub process last converged, per API server (JSON), and the lock that
+# keeps two first spawns from converging them at once
+_queues_converged: dict[str, str] = {}
+_queues_lock = asyncio.Lock()
 
 
 def shared_gpu_view() -> ClusterGpuView:
@@ -274,6 +279,42 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         except tenancy.NamespaceTaken as e:
             self.log.error("tfdist: %s", e)
             raise web.HTTPError(409, str(e)) from None
+        await self._converge_queues()
+
+    async def _converge_queues(self) -> None:
+        """Kueue's objects as the profiles' ``kueue:`` section says (tfdist.kube.queueing_apply): the
+        cluster's flavors, cohort and ClusterQueues once per hub process and whenever the profiles change
+        them, the user's LocalQueues on every spawn. Idempotent; nothing without a ``kueue:`` section.
+        Where the cluster has no Kueue, or the hub may not write its objects, the spawn goes on (the
+        server itself needs no queue) and the log says why the user's jobs will not be queued."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        from tfdist.kube import queueing, queueing_apply
+
+        cfg = self.tfdist_profiles()
+        if cfg.kueue is None:
+            return
+        api = self.api.api_client
+        try:
+            async with _queues_lock:
+                wanted = json.dumps(queueing.cluster_objects(cfg), sort_keys=True)
+                key = self._kube_api_url()
+                if _queues_converged.get(key) != wanted:
+                    done = await queueing_apply.converge(api, cfg)
+                    _queues_converged[key] = wanted
+                    self.log.info("tfdist: Kueue queues converged: %s", done)
+            await prepare_user_queues(api, cfg, self.tenant_policy(), sorted(self.tfdist_groups()))
+        except ApiException as e:
+            if e.status not in (403, 404):
+                raise
+            self.log.error(
+                "tfdist: the profiles have a kueue: section, but %s (HTTP %s): %%%%tfdist jobs of %s will "
+                "not be queued. Install Kueue v0.17.0 and apply hub_config/rbac-hub-tenancy.yaml "
+                "(docs/queueing.md)",
+                "the cluster has no Kueue" if e.status == 404 else "the hub may not write Kueue's objects",
+                e.status,
+                self.user.name,
+            )
 
     def _base(self) -> dict[str, Any]:
         if self._tfdist_base is None:

@@ -9,19 +9,29 @@ Jobs are submitted by the real Kubernetes backend with TFDIST_KUEUE_QUEUE set.
 from __future__ import annotations
 
 import asyncio
+import base64
+import copy
+import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests import kube_plane
 from tests.kueue_proc import GATE, kueue_missing
+from tests.test_k8s_escapes import call, gpu_job, refused
+from tests.test_k8s_tenancy import _api_for_token, _token, gpu_policy, notebook_pod, wait_policy_in_force
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
+from tfdist.errors import JobSpecError
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
 from tfdist.kube import queueing as q
 from tfdist.kube import queueing_apply as qa
+from tfdist.kube import tenancy
+from tfdist.kube.apply import prepare_user_namespace, prepare_user_queues, user_kubeconfig
 from tfdist.settings import from_environ
 from tfdist.spawner.profiles import parse_profiles
 
@@ -204,6 +214,16 @@ async def test_second_users_job_stays_gated_while_the_first_runs_then_starts(kq)
         assert [(e.position, e.queue) for e in seen if e.type == "queue"] == [(1, QUEUE)]
         assert not any(e.type == "state" and e.state.terminal for e in seen)
         watching.cancel()
+        # `%tfdist list` and the panel (status, also from a server that did not submit it) say the same
+        view = await b.status("big")
+        assert view.queue is not None and (view.queue.position, view.queue.queue) == (1, QUEUE)
+        assert view.state_word == "queued" and view.message == "queued: 1st in team"
+        other = backend(kq, bob)
+        try:
+            (listed,) = [j for j in await other.list_jobs() if j.name == "big"]
+            assert listed.queue is not None and listed.queue.position == 1
+        finally:
+            await other.close()
         async with await api_client(kq) as api:
             line = qa.queue_events(api, bob, "big", QUEUE, every_s=0.3)
             ev = await asyncio.wait_for(anext(line), 30)  # the job protocol's QueueEvent
@@ -240,37 +260,46 @@ async def test_second_users_job_stays_gated_while_the_first_runs_then_starts(kq)
     await until("both jobs gone", lambda: not pods(kq, ann, "big") and not pods(kq, bob, "big"), timeout=60)
 
 
-async def test_job_larger_than_the_queue_is_refused_with_the_numbers(kq):
-    """12 GPUs on a queue of 8 (no cohort peer to borrow from): the pre-check says so before anything is
-    created, and Kueue's own verdict on such a workload agrees."""
+async def test_job_larger_than_the_queue_is_refused_with_the_numbers_before_anything_exists(kq):
+    """12 GPUs on a queue of 8 (no cohort peer to borrow from): the backend refuses it at submit with the
+    numbers, and nothing of it exists (no Job, pod or Workload); the pure check on the live queues agrees."""
     ann = USERS[0]
     s = spec("huge", ann, workers=3, ps=1, gpus_per_worker=4)
+    why = (
+        "the job needs 12 nvidia.com/gpu of h100, but queue team can never hold more than 8 nvidia.com/gpu "
+        "(its quota 8 nvidia.com/gpu + 0 nvidia.com/gpu it may borrow): make the job smaller"
+    )
     async with await api_client(kq) as api:
         caps = q.capacities(await qa.cluster_queues(api), QUEUE)
     demand = q.job_demand(
         [mf.root_job(s, None), *mf.job_objects(s, token="t", queue=QUEUE, node_selector=H100)]
     )
-    why = q.refusal(demand, caps, gpu_flavor="h100")
-    assert why == (
-        "the job needs 12 nvidia.com/gpu of h100, but queue team can never hold more than 8 nvidia.com/gpu "
-        "(its quota 8 nvidia.com/gpu + 0 nvidia.com/gpu it may borrow): make the job smaller"
-    )
+    assert q.refusal(demand, caps, gpu_flavor="h100") == why
     a = backend(kq, ann)
     try:
-        await a.submit(s, b"p", Launch())
-        wl_path = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ann}/workloads/huge"
-        msg = await until("Kueue's verdict", lambda: q.workload_refusal(kq.get(wl_path) or {}), timeout=60)
-        assert "nvidia.com/gpu" in msg and "maximum capacity" in msg
-        assert not any(bound(p) for p in pods(kq, ann, "huge"))
-        assert await a.stop("huge")
+        with pytest.raises(JobSpecError) as refused:
+            await a.submit(s, b"p", Launch())
+        assert str(refused.value) == why
+        assert kq.get(f"/apis/batch/v1/namespaces/{ann}/jobs/huge") is None
+        assert pods(kq, ann, "huge") == []
+        assert kq.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ann}/workloads/huge") is None
+        # a job that fits the queue (8 of 8) passes the same check
+        assert (
+            await a._check_queue(
+                spec("fits", ann, workers=2, ps=1, gpus_per_worker=4),
+                mf,
+                mf.root_job(spec("fits", ann), None),
+            )
+            is None
+        )
     finally:
         await a.close()
 
 
 async def test_two_partially_fitting_jobs_never_deadlock(kq):
     """Two jobs of 6 GPUs on 8, submitted together: without all-or-nothing each could hold part of the
-    GPUs the other waits for. Here a job has all of its pods bound or none, at every sample; the first
-    admitted runs, and the other runs once it ends."""
+    GPUs the other waits for. Here, at every sample, no pod is bound without its whole job's quota reserved
+    (Kueue's Workload admitted) and never both jobs at once; the first runs, the other once it ends."""
     ann, bob = USERS
     a, b = backend(kq, ann), backend(kq, bob)
     try:
@@ -283,17 +312,26 @@ async def test_two_partially_fitting_jobs_never_deadlock(kq):
         deadline = time.monotonic() + 60
         while first is None:
             assert time.monotonic() < deadline, "neither job was admitted"
+            admitted = []
             for ns in (ann, bob):
+                wl = kq.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads/six") or {}
+                # Kueue reserves the whole group's quota, then lifts the pods' gates one request each and
+                # the scheduler binds them one by one: a partial start is a pod bound without that
+                # reservation, or both jobs holding one at once
                 ps = pods(kq, ns, "six")
                 n_bound = sum(bound(p) for p in ps)
-                assert n_bound in (0, 4), f"{ns}: {n_bound} of 4 pods bound (a partial start)"
+                assert not n_bound or q.is_admitted(wl), f"{ns}: {n_bound} of 4 bound, not admitted"
+                if q.is_admitted(wl):
+                    admitted.append(ns)
                 if n_bound == 4:
                     first = ns
+            assert len(admitted) < 2, "both jobs admitted on 8 GPUs"
             samples += 1
             await asyncio.sleep(0.2)
         other = bob if first == ann else ann
         for _ in range(10):
-            assert sum(bound(p) for p in pods(kq, other, "six")) == 0
+            ps = pods(kq, other, "six")
+            assert sum(bound(p) for p in ps) == 0 and all(gated(p) for p in ps)
             await asyncio.sleep(0.3)
         assert await (a if first == ann else b).stop("six")
         await until("the other job runs", lambda: all_bound(kq, other, "six", 4), timeout=90)
@@ -342,3 +380,149 @@ async def test_a_failed_worker_is_replaced_inside_the_admitted_group(kq):
     finally:
         await a.close()
     await until("the job gone", lambda: not pods(kq, ann, "heal"), timeout=60)
+
+
+# ------------------------------------------------------------------------ tenancy: what a user may do
+REPO = Path(__file__).resolve().parent.parent
+KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
+
+
+@pytest.fixture(scope="module")
+def tenant(kq):
+    """The admission policy and the hub's RBAC from hub_config/ on the Kueue plane; a user namespace
+    prepared with the HUB's own token, its LocalQueue and queue Role as the spawner converges them; the
+    user's notebook token."""
+    kq.kubectl("apply", "-f", str(REPO / "hub_config" / "admission-policy.yaml"))
+    wait_policy_in_force(kq)
+    hub_ns = kq.create_namespace("kq-hub")
+    kq.request("POST", f"/api/v1/namespaces/{hub_ns}/serviceaccounts", {"metadata": {"name": "hub"}})
+    rbac = Path(kq.workdir) / "hub-rbac.yaml"
+    rbac.write_text((REPO / "hub_config" / "rbac-hub-tenancy.yaml").read_text().replace("NAMESPACE", hub_ns))
+    kq.kubectl("apply", "-f", str(rbac))
+    ns = "kq-hub-cat"
+    policy = gpu_policy("cat", ns, hub_namespace=hub_ns, queue=QUEUE, node_selector=H100)
+
+    async def prepare():
+        async with _api_for_token(kq, _token(kq, hub_ns, "hub")) as api:
+            await prepare_user_namespace(api, policy)
+            return await prepare_user_queues(api, parse_profiles(PROFILES), policy, ["ml"])
+
+    got = asyncio.run(prepare())
+    assert got.created == [f"LocalQueue/{QUEUE}"]
+    notebook_pod(kq, ns, "cat")
+    return ns, _token(kq, ns, tenancy.NOTEBOOK_SA)
+
+
+def _queued_job(plane, ns: str, name: str, job_labels: dict, pod_labels: dict, **pod) -> dict:
+    """A Job the policy admits for a GPU profile on queue `team` when given the queue label on both."""
+    job = gpu_job(plane, ns, name, **pod)
+    job["metadata"]["labels"] = job_labels
+    job["spec"]["template"]["metadata"]["labels"] = pod_labels
+    return job
+
+
+def test_a_user_reads_their_place_in_line_and_cannot_write_kueue_or_leave_the_queue(kq, tenant):
+    ns, token = tenant
+    lq = f"{KUEUE_API}/namespaces/{ns}/localqueues/{QUEUE}"
+    code, got = call(kq, token, "GET", lq)
+    assert code == 200 and q.A_LIMITS in got["metadata"]["annotations"]
+    assert call(kq, token, "GET", f"{KUEUE_API}/namespaces/{ns}/workloads")[0] == 200
+    # Kueue's objects are Kueue's and the hub's: no own Workload (an admission past the quota), no
+    # LocalQueue pointing elsewhere, no ClusterQueue, no change to the LocalQueue
+    wl = {"apiVersion": q.API_VERSION, "kind": "Workload", "metadata": {"name": "mine"}, "spec": {}}
+    assert call(kq, token, "POST", f"{KUEUE_API}/namespaces/{ns}/workloads", wl)[0] == 403
+    other = {"apiVersion": q.API_VERSION, "kind": "LocalQueue", "metadata": {"name": "x"}, "spec": {}}
+    assert call(kq, token, "POST", f"{KUEUE_API}/namespaces/{ns}/localqueues", other)[0] == 403
+    assert call(kq, token, "PUT", lq, got)[0] == 403
+    assert call(kq, token, "DELETE", lq)[0] == 403
+    assert call(kq, token, "POST", f"{KUEUE_API}/clusterqueues", {**other, "kind": "ClusterQueue"})[0] == 403
+    assert call(kq, token, "GET", f"{KUEUE_API}/namespaces/kq-ann/workloads")[0] == 403  # not others'
+    # the queue label on the Job and its pods, the profile's queue, no priority of one's own (dry runs)
+    jobs = f"/apis/batch/v1/namespaces/{ns}/jobs?dryRun=All"
+    mine = {q.L_QUEUE: QUEUE}
+    assert call(kq, token, "POST", jobs, _queued_job(kq, ns, "ok", mine, mine))[0] == 201
+    for job_labels, pod_labels, pod in (
+        # the pods would skip the queue and its quota (a Job without labels takes its template's: no escape)
+        (mine, {}, {}),
+        (mine, {q.L_QUEUE: "other"}, {}),
+        (mine, {**mine, "kueue.x-k8s.io/priority-class": "urgent"}, {}),
+        (mine, mine, {"priorityClassName": "system-node-critical"}),
+    ):
+        refused(call(kq, token, "POST", jobs, _queued_job(kq, ns, "x", job_labels, pod_labels, **pod)))
+
+
+async def test_the_users_notebook_refuses_a_job_larger_than_the_queue_from_the_localqueue(kq, tenant):
+    """The user may not read ClusterQueues: the notebook's refusal comes from the limits the hub wrote on
+    the LocalQueue, with the same numbers, and nothing is created."""
+    ns, token = tenant
+    kc = Path(kq.workdir) / "cat.kubeconfig"
+    ca = base64.b64encode(Path(kq.ca_file).read_bytes()).decode()
+    kc.write_text(json.dumps(user_kubeconfig(kq.server, ca, token, ns, "cat")))
+    b = KubernetesBackend(
+        from_environ(
+            {
+                "TFDIST_NAMESPACE": ns,
+                "TFDIST_WORKER_IMAGE": "example.org/tfdist-job:1",
+                "USER": "cat",
+                "TFDIST_KUEUE_QUEUE": QUEUE,
+            }
+        ),
+        kubeconfig=str(kc),
+    )
+    b.node_selector = H100
+    try:
+        with pytest.raises(JobSpecError) as why:
+            await b.submit(spec("huge", ns, workers=3, ps=1, gpus_per_worker=4), b"p", Launch())
+        assert "needs 12 nvidia.com/gpu of h100, but queue team can never hold more than 8" in str(why.value)
+        assert kq.get(f"/apis/batch/v1/namespaces/{ns}/jobs/huge") is None
+    finally:
+        await b.close()
+
+
+# ------------------------------------------------------------------------ the spawner converges them
+async def test_the_spawner_converges_the_queues_and_the_users_local_queues(kq, tmp_path, monkeypatch):
+    """A spawn converges the cluster's Kueue objects (a queue the profiles add appears) and the user's
+    LocalQueues and queue Role; the next spawn changes nothing. The module's own queues are restored."""
+    import kubernetes_asyncio.config.kube_config as kc
+    import yaml
+    from kubernetes_asyncio.client import Configuration
+    from kubespawner.clients import load_config
+
+    from tfdist.spawner import kube as spawner_kube
+    from tfdist.spawner.kube import TfdistKubeSpawner
+
+    sys.path.insert(0, str(REPO / "tests" / "doubles"))
+    from hub_objects import FakeGroup, FakeHub, FakeHubUser
+
+    more = copy.deepcopy(PROFILES)
+    more["kueue"]["queues"]["spare"] = {"gpus": {"h100": 0}}
+    more["profiles"].append({**more["profiles"][0], "slug": "spare", "kueue_queue": "spare"})
+    prof = tmp_path / "profiles.yaml"
+    prof.write_text(yaml.safe_dump(more))
+    saved = Configuration.get_default_copy()
+    monkeypatch.setenv("KUBECONFIG", kq.kubeconfig)
+    monkeypatch.setattr(kc, "KUBE_CONFIG_DEFAULT_LOCATION", kq.kubeconfig)
+    monkeypatch.setattr(spawner_kube, "_queues_converged", {})
+    load_config.cache_clear()
+    try:
+        user = FakeHubUser(name="dan", groups=[FakeGroup("ml")])
+        sp = TfdistKubeSpawner(
+            user=user, hub=FakeHub(), profiles_file=str(prof), enable_user_namespaces=True, namespace="kq"
+        )
+        user.spawners[""] = sp
+        await sp._ensure_namespace()
+        ns = sp.namespace
+        assert kq.get(f"{KUEUE_API}/clusterqueues/spare") is not None
+        lqs = kq.get(f"{KUEUE_API}/namespaces/{ns}/localqueues")["items"]
+        assert sorted(x["metadata"]["name"] for x in lqs) == ["spare", QUEUE]
+        role = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{tenancy.QUEUE_ROLE}"
+        assert kq.get(role)["rules"] == tenancy.QUEUE_RULES
+        versions = {x["metadata"]["name"]: x["metadata"]["resourceVersion"] for x in lqs}
+        await sp._ensure_namespace()  # the next spawn: nothing to change
+        again = kq.get(f"{KUEUE_API}/namespaces/{ns}/localqueues")["items"]
+        assert {x["metadata"]["name"]: x["metadata"]["resourceVersion"] for x in again} == versions
+    finally:
+        load_config.cache_clear()
+        Configuration.set_default(saved)
+        async with await api_client(kq) as api:
+            await qa.converge(api, parse_profiles(PROFILES))

@@ -41,7 +41,8 @@ from ..kube.agent_client import AgentClient
 from ..kube.api_errors import translate
 from ..kube.cluster import KubeApi, controller_uid, current_namespace, job_resources, quota_shortfall
 from ..kube.podwatch import PodWatch
-from ..kube.queueing_apply import queue_events
+from ..kube.queueing import L_QUEUE, job_demand
+from ..kube.queueing_apply import queue_events, queue_refusal, read_position
 from ..settings import Settings
 from .base import Backend, Launch
 
@@ -124,7 +125,6 @@ class KubernetesBackend(Backend):
             raise
         except Exception as exc:
             raise translate(exc, "Job", spec.name, spec.namespace or "") from None
-        await self._check_quota(spec)
         token = secrets.token_urlsafe(32)
         retention = self.retention().seconds  # the rule it was started under (tfdist.job.detach)
         # all-reduce (tfdist.kube.allreduce): chief-0 is a replica too (GPUs, placement), no PS Job
@@ -146,6 +146,10 @@ class KubernetesBackend(Backend):
             lifeline_s=None if detach else self.lifeline_grace_s,
             **placement,
         )
+        # a job its queue can never hold is refused at once, before the namespace's quota may wait for
+        # this user's ending jobs to let go
+        await self._check_queue(spec, build, root)
+        await self._check_quota(spec)
         created: list[dict[str, Any]] = []
         # All or nothing, also when the cell is interrupted half-way (CancelledError): the clean-up is
         # shielded from the cancellation that triggered it. The root is suspended until the end: no pod
@@ -220,6 +224,25 @@ class KubernetesBackend(Backend):
             if time.monotonic() > deadline or not await self._releasing():
                 raise JobSpecError(short)
             await asyncio.sleep(1.0)
+
+    async def _check_queue(self, spec: JobSpec, build: Any, root: dict[str, Any]) -> None:
+        """Refuse, before anything is created, a job that its Kueue queue can never hold (more than its quota
+        plus what its cohort could ever lend), with the numbers; a job that only has to wait is queued."""
+        queue = self.settings.kueue_queue
+        if not queue:
+            return
+        objects = build.job_objects(
+            spec,
+            token="",
+            node_selector=self.node_selector,
+            tolerations=self.tolerations,
+            gpu_resource=self.gpu_resource,
+            queue=queue,
+        )
+        demand = job_demand([root, *objects])
+        why = await queue_refusal(await self.kube.api(), self.namespace, queue, demand, self.node_selector)
+        if why is not None:
+            raise JobSpecError(why)
 
     async def _releasing(self) -> bool:
         """Whether pods of this user's jobs are on their way out (deleted, or of a job this backend ended)."""
@@ -409,11 +432,27 @@ class KubernetesBackend(Backend):
             with contextlib.suppress(ValueError, TypeError):
                 created = datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
         view = st.view(name, spec, pods, root, created)
+        await self._place_in_line(view, root)
         if not view.finished and not view.metrics:  # another process of this server follows it
             live = records.load_live(self._live_path(name))
             if live is not None:
                 view.metrics.append({"t": live["t"], "tasks": live["tasks"]})
         return view
+
+    async def _place_in_line(self, view: JobView, root: dict[str, Any] | None) -> None:
+        """A job Kueue has not admitted yet: its place in line (`%tfdist list`, the panel), read once. The
+        queue is the one on its root Job (another kernel's job too), else this server's. Nothing where
+        Kueue is absent or the Workloads are not readable: the queue is news, never a reason to fail."""
+        labels = ((root or {}).get("metadata") or {}).get("labels") or {}
+        queue = labels.get(L_QUEUE) or self.settings.kueue_queue
+        if not queue or view.finished or view.state not in (JobState.PENDING, JobState.STARTING):
+            return
+        try:
+            pos = await read_position(await self.kube.api(), self.namespace, view.name, queue)
+        except Exception:
+            return
+        if pos is not None and not pos.admitted:
+            view.apply(pos.event())
 
     async def list_jobs(self) -> list[JobSummary]:
         sel = f"{mf.L_ROOT}=true,{mf.L_USER}={mf.user_label(self.settings.user)}"

@@ -9,9 +9,13 @@ add their own) and only gains ours.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .tenancy import NamespaceTaken, TenantPolicy, owned_by, tenant_objects
+from .queueing_apply import Converged, converge_user
+from .tenancy import NamespaceTaken, TenantPolicy, owned_by, queue_objects, tenant_objects
+
+if TYPE_CHECKING:
+    from ..spawner.profiles import ProfilesConfig
 
 _PATHS = {
     "Namespace": "/api/v1/namespaces",
@@ -72,6 +76,18 @@ async def prepare_user_namespace(api: Any, policy: TenantPolicy) -> list[dict[st
 
     The spawner calls it before every start; `scripts/cluster user NAME` calls it too."""
     return [await apply(api, obj, policy) for obj in tenant_objects(policy)]
+
+
+async def prepare_user_queues(
+    api: Any, cfg: ProfilesConfig, policy: TenantPolicy, groups: list[str]
+) -> Converged:
+    """The user's LocalQueues (with their queues' limits) as their profiles say, and the Role that lets
+    them read those and their Workloads (tenancy.queue_objects). Run after prepare_user_namespace, only
+    when the profiles have a ``kueue:`` section."""
+    out = await converge_user(api, cfg, policy.namespace, groups)
+    for obj in queue_objects(policy):
+        await apply(api, obj, policy)
+    return out
 
 
 async def notebook_token(api: Any, namespace: str, ttl_s: int = 3600) -> str:

@@ -18,6 +18,7 @@ Objects made from the profiles:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ A_POD_GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 # finished job's clean-up deleted, holding the quota); a failed worker the Job controller replaces while
 # the others run is still a replacement in the admitted group
 A_RETRIABLE = "kueue.x-k8s.io/retriable-in-group"
+# on a LocalQueue: its ClusterQueue's capacities (quota + what it may borrow) for the notebook's refusal
+A_LIMITS = "tfdist.io/queue-limits"
 MANAGED = {"app.kubernetes.io/managed-by": "jupyter-tfdist", "app.kubernetes.io/part-of": "tfdist-queues"}
 DEFAULT_FLAVOR = "default"
 CPU_RESOURCES = ("cpu", "memory", "ephemeral-storage")
@@ -159,16 +162,49 @@ def user_queues(cfg: ProfilesConfig, groups: Iterable[str]) -> list[str]:
 
 def local_queues(cfg: ProfilesConfig, namespace: str, groups: Iterable[str]) -> list[dict[str, Any]]:
     """The LocalQueues of one user's namespace: one per queue of the profiles they may use, named like
-    the ClusterQueue it feeds (what the profile's ``kueue_queue`` and TFDIST_KUEUE_QUEUE name)."""
-    return [
-        {
-            "apiVersion": API_VERSION,
-            "kind": "LocalQueue",
-            "metadata": _meta(name, namespace),
-            "spec": {"clusterQueue": name},
-        }
-        for name in user_queues(cfg, groups)
-    ]
+    the ClusterQueue it feeds (what the profile's ``kueue_queue`` and TFDIST_KUEUE_QUEUE name). Each
+    carries its queue's limits (A_LIMITS): a user may not read ClusterQueues, yet the notebook refuses a
+    job that can never fit before creating anything."""
+    cqs, flavors = cluster_queues(cfg), resource_flavors(cfg)
+    out = []
+    for name in user_queues(cfg, groups):
+        meta = _meta(name, namespace)
+        meta["annotations"] = {A_LIMITS: limits_annotation(cqs, flavors, name)}
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "LocalQueue",
+                "metadata": meta,
+                "spec": {"clusterQueue": name},
+            }
+        )
+    return out
+
+
+def limits_annotation(
+    cqs: Iterable[Mapping[str, Any]], flavors: Iterable[Mapping[str, Any]], queue: str
+) -> str:
+    """A queue's capacities and its flavors' node labels as the LocalQueue's annotation (JSON)."""
+    caps = [[c.flavor, c.resource, c.nominal, c.borrowable] for c in capacities(cqs, queue)]
+    labels = {f["metadata"]["name"]: dict((f.get("spec") or {}).get("nodeLabels") or {}) for f in flavors}
+    return json.dumps({"capacities": caps, "flavors": labels}, sort_keys=True, separators=(",", ":"))
+
+
+def limits_from_annotation(lq: Mapping[str, Any]) -> tuple[list[Capacity], list[dict[str, Any]]] | None:
+    """The capacities and ResourceFlavor-shaped flavors a LocalQueue's annotation holds, or None (no
+    annotation, or one this version cannot read)."""
+    meta = lq.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(A_LIMITS)
+    if not text:
+        return None
+    try:
+        d = json.loads(text)
+        queue = (lq.get("spec") or {}).get("clusterQueue") or meta.get("name", "")
+        caps = [Capacity(queue, str(f), str(r), float(n), float(b)) for f, r, n, b in d["capacities"]]
+        flavors = [{"metadata": {"name": k}, "spec": {"nodeLabels": v}} for k, v in d["flavors"].items()]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return caps, flavors
 
 
 # ---------------------------------------------------------------------------------- one job, one admission
@@ -302,6 +338,19 @@ def capacities(cluster_queues_: Iterable[Mapping[str, Any]], queue: str) -> list
                 borrow = min(lendable, _parse_quantity(limit)) if limit is not None else lendable
                 out.append(Capacity(queue, f["name"], r["name"], nominal, borrow))
     return out
+
+
+def flavor_for(flavors: Iterable[Mapping[str, Any]], node_selector: Mapping[str, str] | None) -> str | None:
+    """The ResourceFlavor whose node labels a job's GPU node selector asks for (the GPU model's flavor), or
+    None when no flavor's labels are all in the selector (then every flavor of the resource counts)."""
+    sel = dict(node_selector or {})
+    best: tuple[int, str] | None = None
+    for f in flavors:
+        labels = (f.get("spec") or {}).get("nodeLabels") or {}
+        if labels and all(sel.get(k) == v for k, v in labels.items()):
+            if best is None or len(labels) > best[0]:
+                best = (len(labels), f["metadata"]["name"])
+    return best[1] if best else None
 
 
 def _fmt(resource: str, amount: float) -> str:

@@ -73,7 +73,9 @@ async def _apply(api: Any, obj: dict[str, Any], out: Converged) -> None:
         if exc.status != 409:
             raise
     live = await _call(api, "GET", f"{coll}/{meta['name']}")
-    same_labels = q.covers(meta["labels"], live["metadata"].get("labels"))
+    same_labels = q.covers(meta["labels"], live["metadata"].get("labels")) and q.covers(
+        meta.get("annotations", {}), live["metadata"].get("annotations") or {}
+    )
     if same_labels and q.covers(obj["spec"], live.get("spec", {})):
         out.unchanged.append(what)
         return
@@ -118,6 +120,36 @@ async def converge_user(api: Any, cfg: ProfilesConfig, namespace: str, groups: l
 async def cluster_queues(api: Any) -> list[dict[str, Any]]:
     """Every ClusterQueue (for tfdist.kube.queueing.capacities: a job's refusal before it is created)."""
     return (await _call(api, "GET", _collection("ClusterQueue"))).get("items", [])
+
+
+async def queue_refusal(
+    api: Any, namespace: str, queue: str, demand: dict[str, float], node_selector: dict[str, str] | None
+) -> str | None:
+    """Why a job of ``demand`` can never be admitted by its queue (tfdist.kube.queueing.refusal), GPUs
+    counted on the flavor of the job's node selector, or None. The live ClusterQueues and flavors where the
+    caller may read them (an admin), else the limits the hub wrote on the user's LocalQueue (A_LIMITS).
+    None where neither is there (no Kueue, no LocalQueue): Kueue's Workload then says it once the pods
+    exist."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        cqs = await cluster_queues(api)
+        flavors = (await _call(api, "GET", _collection("ResourceFlavor"))).get("items", [])
+        caps = q.capacities(cqs, queue)
+    except ApiException as exc:
+        if exc.status not in (403, 404):
+            raise
+        try:
+            lq = await _call(api, "GET", f"{_collection('LocalQueue', namespace)}/{queue}")
+        except ApiException as exc2:
+            if exc2.status in (403, 404):
+                return None
+            raise
+        got = q.limits_from_annotation(lq)
+        if got is None:
+            return None
+        caps, flavors = got
+    return q.refusal(demand, caps, gpu_flavor=q.flavor_for(flavors, node_selector))
 
 
 async def workload_of(api: Any, namespace: str, group: str) -> dict[str, Any] | None:

@@ -58,6 +58,15 @@ NOTEBOOK_RULES: list[dict[str, Any]] = [
     # the quota check before a job is created, and why the Job controller could not create its pods
     {"apiGroups": [""], "resources": ["resourcequotas", "events"], "verbs": ["list"]},
 ]
+# The user's place in Kueue's line (tfdist.kube.queueing_apply): their LocalQueue (and the limits the hub
+# wrote on it: a job that can never fit is refused before it is created) and their own Workloads. Read
+# only: Workloads, LocalQueues and ClusterQueues are Kueue's and the hub's to write, or a user could
+# admit their own job past the quota. Harmless where Kueue is not installed.
+QUEUE_ROLE = "tfdist-queue-reader"
+QUEUE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list"]},
+]
 
 
 @dataclass(frozen=True)
@@ -202,6 +211,27 @@ def role(p: TenantPolicy) -> dict[str, Any]:
     }
 
 
+def queue_role(p: TenantPolicy) -> dict[str, Any]:
+    """Read-only on Kueue in the user's namespace (QUEUE_RULES): a Role of its own, so that the notebook's
+    Role stays exactly what the backend writes with (rbac-notebook.yaml)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(QUEUE_ROLE, p),
+        "rules": [dict(r) for r in QUEUE_RULES],
+    }
+
+
+def queue_role_binding(p: TenantPolicy) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(QUEUE_ROLE, p),
+        "subjects": [{"kind": "ServiceAccount", "name": NOTEBOOK_SA, "namespace": p.namespace}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": QUEUE_ROLE},
+    }
+
+
 def role_binding(p: TenantPolicy) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -282,3 +312,9 @@ def tenant_objects(p: TenantPolicy) -> list[dict[str, Any]]:
         role(p),
         role_binding(p),
     ]
+
+
+def queue_objects(p: TenantPolicy) -> list[dict[str, Any]]:
+    """The user's read access to their place in Kueue's line, where the profiles queue jobs (applied with
+    the LocalQueues by tfdist.kube.apply.prepare_user_queues, not with the namespace: no Kueue, no Role)."""
+    return [queue_role(p), queue_role_binding(p)]
