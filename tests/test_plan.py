@@ -22,6 +22,21 @@ def recommended(text: str) -> str:
     return text.split("recommended: ")[1].split("\n")[0]
 
 
+LABELS = ("1 worker, 1 PS", "2 workers, 1 PS", "2 workers, 2 PS", "all-reduce, 2 workers")
+RUN_LINES = {
+    "1 worker, 1 PS": "%%tfdist run --workers 1 --ps 1",
+    "2 workers, 1 PS": "%%tfdist run --workers 2 --ps 1",
+    "2 workers, 2 PS": "%%tfdist run --workers 2 --ps 2",
+    "all-reduce, 2 workers": "%%tfdist run --strategy allreduce --workers 2",
+}
+
+
+def examples(text: str, label: str) -> float:
+    """The predicted examples/s in the row of `label` (after its batch column: `64` or `32 x 2`)."""
+    cols = row(text, label)
+    return float(cols[3] if cols[1] == "x" else cols[1])
+
+
 def row(text: str, label: str) -> list[str]:
     """The plan table's row of `label`, split into its columns."""
     line = next(ln for ln in text.splitlines() if ln.startswith(label))
@@ -87,7 +102,35 @@ def test_plan_line_magic_on_a_wide_model_names_its_size(tf_kernel):
     assert "wide: 17,088,522 parameters (68.4 MB in 6 variables, the largest 67.1 MB)" in r.text, r.text
     # round-robin placement in creation order: every kernel on ps-0, every bias on ps-1
     assert "over 2 PS: 68.3 MB, 32.8 kB" in r.text, r.text
-    assert "epoch" in r.text and "recommended: %%tfdist run" in r.text
+    # the 67.1 MB kernel dwarfs the rest: a second PS gains nothing, and the line is the table's fastest
+    one, two = examples(r.text, "2 workers, 1 PS"), examples(r.text, "2 workers, 2 PS")
+    assert two == pytest.approx(one, rel=0.05), r.text
+    best = max(LABELS, key=lambda label: examples(r.text, label))
+    near = [label for label in LABELS if examples(r.text, label) >= 0.95 * examples(r.text, best)]
+    assert recommended(r.text) in {RUN_LINES[label] for label in near}, r.text
+    assert not job_processes()
+
+
+def test_plan_spreads_a_compute_bound_model_over_gpus(tf_kernel):
+    """A conv net whose step is all compute, planned for 4 GPUs of their own: one worker is not it."""
+    r = tf_kernel.execute(
+        "L = tf.keras.layers\n"
+        "convnet = tf.keras.Sequential([L.Input((32, 32, 3)), L.Conv2D(32, 3, activation='relu'),"
+        " L.Conv2D(32, 3, activation='relu'), L.GlobalAveragePooling2D(), L.Dense(10)])\n"
+        "convnet.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.1), "
+        "loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))\n"
+        "images = tf.data.Dataset.from_tensor_slices((np.random.rand(512, 32, 32, 3).astype('float32'), "
+        "y[:512])).repeat().batch(64)\n",
+        timeout=60,
+    )
+    assert r.error is None, r.error_text
+    r = tf_kernel.execute("%%tfdist plan --gpus-per-node 4\nconvnet.fit(images, epochs=2)", timeout=300)
+    assert r.error is None, r.error_text
+    assert "planned for 4 workers" in r.text, r.text
+    assert not recommended(r.text).startswith("%%tfdist run --workers 1 "), r.text
+    why = r.text.split("why: ")[1]
+    assert float(why.split("x one worker")[0].split()[-1]) >= 2.5, r.text
+    assert "compute" in why, r.text
     assert not job_processes()
 
 
