@@ -139,6 +139,10 @@ def test_user_logs_in_spawns_from_the_form_and_the_example_trains(real_cluster, 
     assert images == {deployed.images.hub, deployed.images.proxy}, images
     hub_pod = next(p for p in pods if p["metadata"]["labels"].get("component") == "hub")
     assert hub_pod["spec"]["serviceAccountName"] == "hub"
+    # the JupyterHub of z2jh 4.4's hub image (docker/hub.lock), not the venv's
+    lock = (realnode.REPO / "docker" / "hub.lock").read_text()
+    (pinned,) = re.findall(r"^jupyterhub==(\S+)$", lock, re.M)
+    assert requests.get(f"{hub.url}/hub/api/", timeout=30).json()["version"] == pinned == "5.5.0"
 
     nb = HubUser(hub.url, user, hub.password)
     nb.login()
