@@ -111,7 +111,7 @@ def test_visible_devices_name_mig_instances_by_uuid(fake_nvml, monkeypatch) -> N
     assert seen("0") == [MIG_A, MIG_B, MIG_C]  # an index of a MIG-mode GPU: all its instances
     assert seen("MIG-not-here,7") == []
     # the kernel gives each worker its devices by these names (the magic's list for the supervisor)
-    from tfdist.kernel_magics.magics import _gpu_ids
+    from tfdist.kernel_magics.cellcheck import _gpu_ids
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{MIG_A},{MIG_B}")
     assert _gpu_ids() == [MIG_A, MIG_B]
