@@ -6,6 +6,10 @@ GPUs come from NVML (or a configured inventory) and are handed out exclusively t
 by a cgroup v2 limit where one is writable, else the watchdog fallback (see limits.py). Servers run as the
 hub's own Unix user (SimpleLocalProcessSpawner): this mode is for a team that trusts each other on a shared
 machine, not for isolating strangers.
+
+This module is the spawner's traits, the form's choice applied and the server's environment; the server's
+processes (cgroup, affinity, watchdog, what it leaves behind) are `localprocs`, and adopting a server
+after a hub restart is `localstate`.
 """
 
 from __future__ import annotations
@@ -13,11 +17,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from tornado.ioloop import PeriodicCallback
 from traitlets import Any as AnyTrait
@@ -25,15 +27,16 @@ from traitlets import Bool, Enum, Float, Unicode, default
 
 from tfdist import settings
 from tfdist.gpus import GpuInventory, NvmlInventory
-from tfdist.procid import ProcessId, start_time
 
 from .allocator import CorePicker, DeviceKey, GpuAllocator, GpuShortage, ModelAvailability, device_key
 from .base import GpuFormMixin, user_error
-from .limits import CgroupV2, enforce_once, find_cgroup_parent, kill_recorded, record_tree
+from .limits import CgroupV2, find_cgroup_parent
+from .localprocs import LocalServerProcesses
+from .localstate import LocalServerState, saved_process
 from .profiles import Profile, ProfilesConfig
 from .validation import Choice
 
-__all__ = ["TfdistLocalSpawner", "safe_dirname"]
+__all__ = ["TfdistLocalSpawner", "safe_dirname", "saved_process"]
 
 # One allocator and one core picker per hub process, shared by all spawners. Keyed by the inventory's class,
 # not the object: traitlets deep-copies config values into each spawner, so every spawner has its own copy.
@@ -49,12 +52,7 @@ def safe_dirname(name: str) -> str:
     return out if out.strip(".") else f"-{out}"
 
 
-def saved_process(ident: ProcessId) -> dict[str, Any]:
-    """The server process as the hub's saved state names it: a PID alone may name another process later."""
-    return {"pid": ident.pid, "tfdist_started": ident.started, "tfdist_boot": ident.boot}
-
-
-class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
+class TfdistLocalSpawner(LocalServerState, LocalServerProcesses, GpuFormMixin, SimpleLocalProcessSpawner):
     """Local-process spawner with the tfdist GPU form, exclusive GPUs and resource limits."""
 
     gpu_inventory = AnyTrait(
@@ -226,20 +224,6 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
             args.append("--allow-root")  # servers run as the hub's user; in containers that is often root
         return args
 
-    def make_preexec_fn(self, name: str) -> Callable[[], None]:
-        base = super().make_preexec_fn(name)
-        cores = list(getattr(self, "_tfdist_core_list", []) or [])
-        join = CgroupV2.join_fn(self._tfdist_cgroup_path) if self._tfdist_cgroup_path else None
-
-        def preexec() -> None:
-            base()
-            if join is not None:
-                join()
-            if cores:
-                os.sched_setaffinity(0, cores)
-
-        return preexec
-
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
         choice = self.tfdist_choice
@@ -261,192 +245,6 @@ class TfdistLocalSpawner(GpuFormMixin, SimpleLocalProcessSpawner):
             env["MEM_LIMIT"] = str(choice.memory_bytes)  # jupyter-resource-usage shows it
             env["CPU_LIMIT"] = f"{choice.cpu:g}"
         return env
-
-    def _tfdist_record_tree(self) -> None:
-        """Remember the server's process tree (pids + create times), to end it once the server is gone."""
-        if not self.pid:
-            return
-        if self._tfdist_tree is None:
-            self._tfdist_tree = {}
-        if self._tfdist_server_created is None:
-            self._tfdist_server_created = start_time(self.pid)
-        record_tree(self.pid, self._tfdist_tree, self._tfdist_server_created)
-
-    def _start_watchdog(self, limit: int) -> None:
-        if self._tfdist_watchdog is not None:
-            self._tfdist_watchdog.stop()
-
-        def check() -> None:
-            if self.pid:
-                self._tfdist_record_tree()
-                enforce_once(self.pid, limit, self.log)
-
-        self._tfdist_watchdog = PeriodicCallback(check, self.memory_check_interval * 1000)
-        self._tfdist_watchdog.start()
-
-    def _tfdist_kill_leftovers(self) -> None:
-        """End what the server left behind (recorded while it ran), before its GPUs go to someone else."""
-        tree = self._tfdist_tree or {}
-        self._tfdist_tree = {}
-        self._tfdist_server_created = None
-        killed = kill_recorded(tree)
-        if killed:
-            self.log.warning(
-                "tfdist: ended %d process(es) %s/%s left behind: pids %s",
-                len(killed),
-                self.user.name,
-                self.name,
-                killed,
-            )
-
-    def _tfdist_release(self) -> None:
-        owner = self.tfdist_owner
-        if self._tfdist_watchdog is not None:
-            self._tfdist_watchdog.stop()
-            self._tfdist_watchdog = None
-        self._tfdist_kill_leftovers()
-        if self._tfdist_cgroup_path is not None:
-            CgroupV2.remove_path(self._tfdist_cgroup_path)  # cgroup.kill: ends all left in it
-        self.tfdist_allocator().release(owner)
-        self.tfdist_cores().release(owner)
-        self._tfdist_cgroup_path = None
-        self._tfdist_mem_limit = None
-        self._tfdist_gpu_indices = []
-        self._tfdist_core_list = []
-
-    async def poll(self) -> int | None:
-        """The base class asks only whether the PID exists; it must also still be the server."""
-        if self.proc is None and self.pid and self._tfdist_saved_pid_gone():
-            self.clear_state()  # adopted after a hub restart (no Popen): the start time is all we have
-            return 0
-        return await super().poll()  # our own child: Popen knows (and reaps it)
-
-    def _tfdist_saved_pid_gone(self) -> bool:
-        """The saved pid no longer names the server it was saved for (its start time differs)."""
-        started = self._tfdist_server_created
-        return started is not None and not ProcessId(self.pid, started).alive()
-
-    async def _signal(self, sig: int) -> bool:
-        """Signal the server process, and nothing else.
-
-        The base class calls os.kill(self.pid, sig), and a pid of 0 there means the hub's whole process
-        group: whatever started the hub (a terminal's shell, a test runner) would get the SIGTERM or SIGKILL
-        meant for one server. So: our own child while it is not reaped (its pid cannot be reused), else the
-        saved pid only while it is still the server (start time), else nothing."""
-        if self.proc is not None:
-            if self.proc.poll() is not None:
-                return False
-            pid = self.proc.pid
-        else:
-            if self.pid <= 0 or self._tfdist_saved_pid_gone():
-                return False
-            pid = self.pid
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
-
-    async def stop(self, now: bool = False) -> None:
-        # kernels run in sessions of their own; remember them to end any the server leaves behind
-        self._tfdist_record_tree()
-        try:
-            await super().stop(now=now)
-        finally:
-            self._tfdist_release()
-
-    # ---- state: GPUs held by a server that outlives a hub restart -------------------------------------
-
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        if self.pid and getattr(self, "_tfdist_gpu_indices", None):
-            state["tfdist_gpus"] = list(self._tfdist_gpu_indices)
-        if self.pid and getattr(self, "_tfdist_core_list", None):
-            state["tfdist_cores"] = list(self._tfdist_core_list)
-        if self.pid and self._tfdist_cgroup_path is not None:
-            state["tfdist_cgroup"] = str(self._tfdist_cgroup_path)
-        if self.pid and self._tfdist_mem_limit:
-            state["tfdist_memory"] = int(self._tfdist_mem_limit)
-        if self.pid:
-            started = self._tfdist_server_created
-            ident = ProcessId(self.pid, started) if started is not None else ProcessId.of(self.pid)
-            if ident is not None:
-                state.update(saved_process(ident))
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Adopt a server that outlived a hub restart: its GPUs, cores, cgroup or watchdog come back."""
-        super().load_state(state)
-        if not self.pid:
-            return
-        started, boot = state.get("tfdist_started"), state.get("tfdist_boot")
-        if not isinstance(started, (int, float)) or not isinstance(boot, str):
-            # saved by an older version or by hand: nothing proves the PID is still that server
-            self.log.warning(
-                "tfdist: %s's saved server pid %s has no start time; not adopted", self.tfdist_owner, self.pid
-            )
-            self.pid = 0
-            return
-        if not ProcessId(self.pid, float(started), boot).alive():
-            # the server is gone and its PID may now be someone else's process: never adopt (or signal) it
-            self.log.warning(
-                "tfdist: %s's saved server pid %s is not that server any more", self.tfdist_owner, self.pid
-            )
-            self.pid = 0
-            return
-        # even for a server that died meanwhile: release (clear_state) then ends what is left in the cgroup
-        self._tfdist_cgroup_path = self._tfdist_saved_cgroup(state.get("tfdist_cgroup"))
-        if not psutil.pid_exists(self.pid):
-            return
-        owner = self.tfdist_owner
-        gpus = [i for i in state.get("tfdist_gpus") or [] if _saved_device(i)]
-        self._tfdist_gpu_indices = self.tfdist_allocator().adopt(owner, gpus, self.log)
-        cores = [int(c) for c in state.get("tfdist_cores") or [] if isinstance(c, int)]
-        self.tfdist_cores().adopt(owner, cores)
-        self._tfdist_core_list = cores
-        mem = state.get("tfdist_memory")
-        if not isinstance(mem, int) and self.tfdist_choice is not None:
-            mem = self.tfdist_choice.memory_bytes
-        self._tfdist_mem_limit = mem if isinstance(mem, int) and mem > 0 else None
-        self._tfdist_tree = {}
-        self._tfdist_server_created = None
-        self._tfdist_record_tree()
-        if self._tfdist_cgroup_path is None and self.memory_check_interval > 0:
-            if self._tfdist_mem_limit:
-                self._start_watchdog(self._tfdist_mem_limit)
-            else:
-                self.log.warning("tfdist: no memory limit known for adopted server %s; no watchdog", owner)
-        self.log.info(
-            "Adopted %s: GPUs %s, cores %s, %s",
-            owner,
-            self._tfdist_gpu_indices or "none",
-            cores,
-            f"cgroup {self._tfdist_cgroup_path}" if self._tfdist_cgroup_path else "watchdog",
-        )
-
-    def _tfdist_saved_cgroup(self, saved: Any) -> Path | None:
-        """The cgroup path from saved state, if it is this server's (state is data: never trust a path)."""
-        if not isinstance(saved, str) or not saved:
-            return None
-        path = Path(saved)
-        if not path.is_absolute() or ".." in path.parts or path.name != CgroupV2.name_for(self.tfdist_owner):
-            self.log.warning("tfdist: ignoring saved cgroup %r of %s", saved, self.tfdist_owner)
-            return None
-        return path
-
-    def clear_state(self) -> None:
-        had_pid = bool(self.pid)
-        super().clear_state()
-        if had_pid:
-            self._tfdist_release()
-
-
-def _saved_device(v: Any) -> bool:
-    """A device key from saved state (data: it goes into CUDA_VISIBLE_DEVICES, so nothing but an index or
-    a MIG UUID)."""
-    return (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (
-        isinstance(v, str) and re.fullmatch(r"MIG-[0-9A-Za-z-]+(/[0-9]+/[0-9]+)?", v) is not None
-    )
 
 
 def _default_inventory() -> GpuInventory:
