@@ -53,12 +53,12 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy.parse(self.strategy) or self.strategy)
-        # `detach` rode in `extra` before it was a field: a spec of then reads the same, and `extra` keeps
-        # saying it for the job processes that still read it there
-        detach = bool(self.detach or self.extra.get("detach"))
-        object.__setattr__(self, "detach", detach)
-        if detach and not self.extra.get("detach"):
-            object.__setattr__(self, "extra", {**self.extra, "detach": True})
+        # `detach` rode in `extra` before it was a field: a record of then reads as detached, and the copy
+        # is not kept (only the kernel's backends and the local supervisor, of this same version, read it)
+        if "detach" in self.extra:
+            extra = dict(self.extra)
+            object.__setattr__(self, "detach", bool(self.detach or extra.pop("detach")))
+            object.__setattr__(self, "extra", extra)
 
     @property
     def task_count(self) -> int:

@@ -4,6 +4,8 @@ runs are in tests/test_local_detach.py and tests/test_k8s_lifecycle.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tfdist.backends.kubernetes import KubernetesBackend
@@ -70,9 +72,11 @@ def test_the_local_backends_sentences_are_the_rules() -> None:
 
 def test_detach_is_a_typed_field_of_the_spec_and_reads_older_specs() -> None:
     spec = JobSpec(name="a", user="u", detach=True)
-    assert spec.detach and spec.extra == {"detach": True}  # still said where job processes read it
-    old = JobSpec.from_json('{"name": "a", "user": "u", "extra": {"detach": true}}')
-    assert old.detach is True
+    assert spec.detach and spec.extra == {}  # one place says it: no copy in `extra`
+    assert json.loads(spec.to_json())["extra"] == {} and json.loads(spec.to_json())["detach"] is True
+    old = JobSpec.from_json('{"name": "a", "user": "u", "extra": {"detach": true, "x": 1}}')  # written before
+    assert old.detach is True and old.extra == {"x": 1}
+    assert JobSpec.from_json('{"name": "a", "user": "u", "extra": {"detach": false}}').detach is False
     newer = JobSpec.from_json('{"name": "a", "user": "u", "priority": "high"}')  # a newer kernel's key
     assert newer.name == "a" and not newer.detach
     assert JobSpec.from_json(spec.to_json()) == spec
