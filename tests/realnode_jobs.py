@@ -430,3 +430,57 @@ def run_line(name: str, flags: str = "") -> str:
     first, _, body = notebook_cells()[2].partition("\n")
     assert first.startswith("%%tfdist run")
     return f"{first} --name {name} {JOB_FLAGS} {flags}".rstrip() + "\n" + body
+
+
+# ------------------------------------------------------------ the example in a notebook pod (z2jh test)
+
+# run in the notebook's kernel after the example: what the cells after the %%tfdist one computed
+EXAMPLE_CHECK = """
+import json
+print("RESULT " + json.dumps({"changed": bool(changed), "acc": float(acc_after),
+                              "epochs": len(history.history["loss"])}))
+"""
+
+
+def code_cells(nb: dict) -> list[str]:
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def all_job_objects(cluster: Any, ns: str) -> list[str]:
+    """Every %%tfdist job object in `ns`, of any job (being deleted counts)."""
+    from tfdist.kube import manifests as mf
+
+    out = []
+    for kind, path in JOB_KINDS.items():
+        body = cluster.get(path.format(ns=ns) + f"?labelSelector={mf.L_JOB}") or {"items": []}
+        out += [f"{kind}/{o['metadata']['name']}" for o in body["items"]]
+    return out
+
+
+class PodWatcher:
+    """Samples the namespace's job pods every 0.5 s: (job, role, node) of each pod seen Running (a job of a
+    few seconds would slip between the polls of a slower watcher)."""
+
+    def __init__(self, cluster: Any, ns: str) -> None:
+        self.cluster, self.ns, self.seen = cluster, ns, set()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        from tfdist.kube import manifests as mf
+
+        while not self._stop.is_set():
+            try:
+                pods = self.cluster.get(f"/api/v1/namespaces/{self.ns}/pods?labelSelector={mf.L_JOB}")
+            except Exception:  # one failed poll: the next one counts
+                pods = None
+            for p in running((pods or {}).get("items", [])):
+                labels = p["metadata"]["labels"]
+                self.seen.add((labels[mf.L_JOB], labels.get(mf.L_ROLE), p["spec"].get("nodeName")))
+            self._stop.wait(0.5)
+
+    def stop(self) -> set[tuple[str, str | None, str | None]]:
+        self._stop.set()
+        self._t.join()
+        return self.seen

@@ -5,16 +5,15 @@ The hub binds its API on the node address (tests/realnode.py's NODE_IP, the host
 reaches), so the notebook pod's jupyterhub-singleuser talks to it; the proxy serves chromium on 127.0.0.1
 and reaches the pod's IP over the pod bridge. The user gets their own namespace (tfdist.kube.tenancy), the
 notebook image is `scripts/build-images notebook --import`'s, the job image `job --import`'s (the spawner
-passes it as TFDIST_WORKER_IMAGE). Two tests, one hub (a spawn costs up to a minute on 2 cores): the
-browser spawn (3a), and the example trained from another user's notebook pod (3b).
+passes it as TFDIST_WORKER_IMAGE). The browser spawn (3a) against the venv's JupyterHub; the example trained
+from a notebook pod (3b) is tests/test_z2jh_realnode.py's, through the chart's hub (one training of the
+example on the real node in place of two).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ import requests
 
 from tests import realnode
 from tests.hub_fixtures import RunningHub, start_hub
-from tests.hub_user import HubUser, form_defaults
+from tests.hub_user import HubUser
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.browser, pytest.mark.timeout(1500)]
 
@@ -195,156 +194,3 @@ def test_spawn_from_the_form_runs_jupyterlab_in_a_pod_on_the_real_node(
     )
     with pytest.raises(requests.RequestException):
         requests.get(f"http://{pod['status']['podIP']}:8888/api/status", timeout=3)
-
-
-# ------------------------------------------------------------------ 3b: the example, in the pod's kernel
-
-# Two cores in all: four job pods at 0.4 core beside the 0.25-core notebook (the user namespace's
-# LimitRange would give each 1 core, more than the node has).
-JOB_FLAGS = "--cpu 0.4 --memory 1536Mi"
-JOB_KINDS = {
-    "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
-    "pods": "/api/v1/namespaces/{ns}/pods",
-    "services": "/api/v1/namespaces/{ns}/services",
-    "secrets": "/api/v1/namespaces/{ns}/secrets",
-    "networkpolicies": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
-}
-CHECK = """
-import json
-print("RESULT " + json.dumps({"changed": bool(changed), "acc": float(acc_after),
-                              "epochs": len(history.history["loss"])}))
-"""
-
-
-def job_objects(real_cluster, ns: str) -> list[str]:
-    """Every %%tfdist job object in `ns` (being deleted counts)."""
-    from tfdist.kube import manifests as mf
-
-    out = []
-    for kind, path in JOB_KINDS.items():
-        body = real_cluster.get(path.format(ns=ns) + f"?labelSelector={mf.L_JOB}") or {"items": []}
-        out += [f"{kind}/{o['metadata']['name']}" for o in body["items"]]
-    return out
-
-
-class PodWatcher:
-    """Samples the namespace's job pods every 0.5 s: (job, role, node) of each pod seen Running."""
-
-    def __init__(self, real_cluster, ns: str) -> None:
-        self.cluster, self.ns, self.seen = real_cluster, ns, set()
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        from tfdist.kube import manifests as mf
-
-        while not self._stop.is_set():
-            try:
-                pods = self.cluster.get(f"/api/v1/namespaces/{self.ns}/pods?labelSelector={mf.L_JOB}")
-            except Exception:  # one failed poll: the next one counts
-                pods = None
-            for p in (pods or {}).get("items", []):
-                if (p.get("status") or {}).get("phase") == "Running":
-                    labels = p["metadata"]["labels"]
-                    self.seen.add((labels[mf.L_JOB], labels.get(mf.L_ROLE), p["spec"].get("nodeName")))
-            self._stop.wait(0.5)
-
-    def stop(self) -> set:
-        self._stop.set()
-        self._t.join()
-        return self.seen
-
-
-def code_cells(nb: dict) -> list[str]:
-    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-
-
-def test_the_example_trains_from_the_notebook_pod_and_its_jobs_go_with_the_pod(
-    real_cluster, kube_hub: KubeHub
-) -> None:
-    from tfdist.kube import manifests as mf
-
-    hub = kube_hub.hub
-    user = f"nb{uuid.uuid4().hex[:6]}"
-    ns = f"{kube_hub.prefix}-{user}"
-    nb = HubUser(hub.url, user, hub.password)
-    nb.login()
-    nb.spawn_with(form_defaults(nb.form()))
-    hub.wait_ready(user, timeout=300)
-    nb.wait_server()
-    pod_name = hub.servers(user)[""]["state"]["pod_name"]
-
-    example = json.loads((REPO / "examples" / "digits.ipynb").read_text())
-    r = nb.server_api(
-        "PUT", "/contents/digits.ipynb", json={"type": "notebook", "format": "json", "content": example}
-    )
-    assert r.status_code in (200, 201), r.text
-    kernel = nb.open_kernel("digits.ipynb")
-    watcher = PodWatcher(real_cluster, ns)
-    try:
-        for code in code_cells(example):
-            t_cell = time.monotonic()
-            if code.startswith("%%tfdist run"):
-                first, rest = code.split("\n", 1)
-                code = f"{first} {JOB_FLAGS}\n{rest}"
-            res = kernel.execute(code, timeout=900)
-            assert res.error is None, f"cell failed:\n{code}\n{res.error}\nstdout:\n{res.stdout[-3000:]}"
-            if "import tensorflow" in code:  # the image's kernels hold TensorFlow to the spawner's level
-                assert not res.stderr.strip(), res.stderr
-            if code.startswith("%%tfdist run"):
-                assert "succeeded" in res.stdout, res.stdout[-3000:]
-                print(f"\nthe %%tfdist cell on the real node: {time.monotonic() - t_cell:.1f} s")
-        out = kernel.execute(CHECK, timeout=120)
-        assert out.error is None, out.error
-        result = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))[7:])
-        assert result["changed"] and result["epochs"] == 8 and result["acc"] > 0.85, result
-
-        seen = watcher.stop()
-        assert len({job for job, _, _ in seen}) == 1, seen
-        roles = {role for _, role, node in seen if node == realnode.NODE_NAME}
-        assert roles >= {"chief", "ps", "worker"}, seen  # the coordinator, PS and workers ran on the node
-        # the job ended with the cell: nothing of it is left (the kernel deleted the root, the GC the rest)
-        _wait("no object of the finished job", lambda: not job_objects(real_cluster, ns), timeout=60)
-
-        # a detached job lives on without the kernel, but not without the notebook pod that owns it
-        res = kernel.execute(
-            f"%%tfdist run --detach --workers 1 --ps 1 {JOB_FLAGS} --name keep\n"
-            "model.fit(train_ds, epochs=500, steps_per_epoch=40)\n",
-            timeout=300,
-        )
-        assert res.error is None, res.error
-        sel = f"{mf.L_JOB}%3Dkeep"
-        _wait(
-            "the detached job's three pods running",
-            lambda: (
-                sum(
-                    p["status"].get("phase") == "Running"
-                    for p in real_cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={sel}")["items"]
-                )
-                == 3
-            ),
-            timeout=180,
-        )
-        assert any(o.startswith("jobs/") for o in job_objects(real_cluster, ns))
-    finally:
-        watcher.stop()
-        kernel.close()
-    real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{pod_name}")
-    t0 = time.monotonic()
-    _wait(
-        "the notebook pod gone",
-        lambda: real_cluster.get(f"/api/v1/namespaces/{ns}/pods/{pod_name}") is None,
-        timeout=120,
-    )
-    pod_gone = time.monotonic() - t0
-    _wait(
-        "the garbage collector to remove the job with its notebook pod",
-        lambda: not job_objects(real_cluster, ns),
-        timeout=120,
-    )
-    print(
-        f"\nnotebook pod deleted -> pod gone {pod_gone:.1f} s, its job's objects gone "
-        f"{time.monotonic() - t0:.1f} s"
-    )
-    hub.stop_server(user, timeout=120)

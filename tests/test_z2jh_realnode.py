@@ -3,9 +3,12 @@
 images and address), then, as users and the admin do it through proxy-public:
 
 log in; the tfdist form shows the profiles of hub_config/profiles.yaml; spawn with the form's defaults into
-the user's own namespace; examples/digits.ipynb trains in that pod with the Kubernetes backend; the GPU page
-answers the admin and refuses a user; `helm upgrade` with an edited profiles file changes the form and keeps
-the running server; `helm uninstall` then the documented cleanup (docs/admins.md) leave no tenant object.
+the user's own namespace; examples/digits.ipynb trains in that pod with the Kubernetes backend (its job's
+chief, PS and worker pods on the node, nothing left when the cell ends) and a detached job is started; the
+GPU page answers the admin and refuses a user; `helm upgrade` with an edited profiles file changes the form
+and keeps the running server; stopping the server takes the detached job with the notebook pod (garbage
+collector); `helm uninstall` then the documented cleanup (docs/admins.md) leave no tenant object. (The
+example trains on the real node here only: tests/test_k8s_realnode_hub.py keeps the browser spawn.)
 
 The hub runs the JupyterHub of z2jh 4.4's hub image (5.5, docker/hub.lock); one module-wide deployment,
 the tests in order (each needs the one before).
@@ -27,7 +30,7 @@ import yaml
 from tests import realnode, realnode_z2jh
 from tests.hub_user import HubUser, form_defaults
 from tests.realnode_fixtures import realnode_cli
-from tests.test_k8s_realnode_hub import CHECK, code_cells, job_objects
+from tests.realnode_jobs import EXAMPLE_CHECK, PodWatcher, all_job_objects, code_cells, job_pods, running
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.timeout(2400)]
 
@@ -45,6 +48,7 @@ TENANT_KINDS = {
     "pvcs": "/api/v1/namespaces/{ns}/persistentvolumeclaims",
     "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
 }
+DETACHED = "keep"  # the job test 1 leaves running for the uninstall test
 
 
 # run in the notebook's kernel: what its service account's token may do (the tenancy boundary, from the pod)
@@ -186,6 +190,7 @@ def test_user_logs_in_spawns_from_the_form_and_the_example_trains(real_cluster, 
     )
     assert r.status_code in (200, 201), r.text
     kernel = nb.open_kernel("digits.ipynb")
+    watcher = PodWatcher(real_cluster, ns)
     t0 = time.monotonic()
     try:
         # the notebook's token: its own namespace's pods, nothing of the hub's namespace
@@ -205,16 +210,37 @@ def test_user_logs_in_spawns_from_the_form_and_the_example_trains(real_cluster, 
                 code = f"{first} {JOB_FLAGS}\n{rest}"
             res = kernel.execute(code, timeout=900)
             assert res.error is None, f"cell failed:\n{code}\n{res.error}\nstdout:\n{res.stdout[-3000:]}"
+            if "import tensorflow" in code:  # the image's kernels hold TensorFlow to the spawner's level
+                assert not res.stderr.strip(), res.stderr
             if code.startswith("%%tfdist run"):
                 assert "succeeded" in res.stdout, res.stdout[-3000:]
-        out = kernel.execute(CHECK, timeout=120)
+        out = kernel.execute(EXAMPLE_CHECK, timeout=120)
         assert out.error is None, out.error
         result = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))[7:])
         assert result["changed"] and result["epochs"] == 8 and result["acc"] > 0.85, result
+        seen = watcher.stop()
+        assert len({job for job, _, _ in seen}) == 1, seen
+        roles = {role for _, role, node in seen if node == realnode.NODE_NAME}
+        assert roles >= {"chief", "ps", "worker"}, seen  # the coordinator, PS and workers ran on the node
+        deployed.timings["example"] = time.monotonic() - t0
+        # the job ended with the cell: nothing of it is left (the kernel deleted the root, the GC the rest)
+        _wait("no object of the finished job", lambda: not all_job_objects(real_cluster, ns), timeout=60)
+
+        # a detached job lives on without the kernel (the uninstall test sees it go with the notebook pod)
+        res = kernel.execute(
+            f"%%tfdist run --detach --workers 1 --ps 1 {JOB_FLAGS} --name {DETACHED}\n"
+            "model.fit(train_ds, epochs=500, steps_per_epoch=40)\n",
+            timeout=300,
+        )
+        assert res.error is None, res.error
     finally:
+        watcher.stop()
         kernel.close()
-    deployed.timings["example"] = time.monotonic() - t0
-    _wait("no object of the finished job", lambda: not job_objects(real_cluster, ns), timeout=60)
+    _wait("the detached job's three pods running", lambda: len(detached_running(real_cluster, ns)) == 3, 180)
+
+
+def detached_running(real_cluster, ns: str) -> list[dict]:
+    return running(job_pods(real_cluster, ns, DETACHED))
 
 
 def test_gpu_page_answers_the_admin_and_refuses_a_user(deployed: Deployed) -> None:
@@ -271,6 +297,8 @@ def test_helm_uninstall_then_the_documented_cleanup_leaves_no_tenant_object(
     ns = f"{NS}-{user}"
     admin = HubUser(hub.url, realnode_z2jh.ADMIN, hub.admin_password)
     admin.login()
+    # test 1's detached job still runs, its kernel long closed (and the hub restarted by the upgrade)
+    assert len(detached_running(real_cluster, ns)) == 3, all_job_objects(real_cluster, ns)
     # docs/admins.md: stop the servers, then uninstall, then remove the user namespaces
     r = requests.delete(
         f"{hub.url}/hub/api/users/{user}/server",
@@ -278,6 +306,14 @@ def test_helm_uninstall_then_the_documented_cleanup_leaves_no_tenant_object(
         timeout=60,
     )
     assert r.status_code in (202, 204), r.text
+    t0 = time.monotonic()
+    # the job's root is owned by the notebook pod: the garbage collector removes the job with the pod
+    _wait(
+        "the garbage collector to remove the detached job with its notebook pod",
+        lambda: not all_job_objects(real_cluster, ns),
+        timeout=120,
+    )
+    deployed.timings["detached job gone"] = time.monotonic() - t0
     _wait(
         "the notebook pod gone",
         lambda: not real_cluster.get(f"/api/v1/namespaces/{ns}/pods")["items"],
