@@ -53,6 +53,9 @@ def notebook_owner(plane, ns: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "name": NOTEBOOK, "uid": pod["metadata"]["uid"]}
 
 
+QUEUED = {"kueue.x-k8s.io/queue-name": "ml-team"}
+
+
 def gpu_job(plane, ns: str, name: str, **pod: Any) -> dict[str, Any]:
     """A Job the policy admits for ann (a GPU profile: H100s, queue ml-team), as the backend makes it."""
     container = {
@@ -73,10 +76,10 @@ def gpu_job(plane, ns: str, name: str, **pod: Any) -> dict[str, Any]:
         "kind": "Job",
         "metadata": {
             "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": "ml-team"},
+            "labels": dict(QUEUED),  # on the Job and its pods (the policy checks both)
             "ownerReferences": [notebook_owner(plane, ns)],
         },
-        "spec": {"suspend": True, "template": {"metadata": {"labels": {}}, "spec": spec}},
+        "spec": {"suspend": True, "template": {"metadata": {"labels": dict(QUEUED)}, "spec": spec}},
     }
 
 
@@ -124,8 +127,8 @@ def test_a_suspended_jobs_template_cannot_be_swapped_for_what_create_refuses(k8s
     def more_gpus(j):
         j["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
 
-    def no_queue(j):
-        j["metadata"]["labels"].pop("kueue.x-k8s.io/queue-name")
+    def no_queue(j):  # (a Job left without labels takes its template's, queue included)
+        j["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "other"
 
     def unowned(j):
         j["metadata"].pop("ownerReferences")

@@ -342,12 +342,13 @@ async def test_notebook_token_reaches_neither_the_hub_nor_other_users(k8s_plane,
             },
             "spec": {
                 "template": {
+                    "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "ml-team"}},
                     "spec": {
                         "restartPolicy": "Never",
                         "containers": [
                             {"name": "c", "image": IMAGE, "securityContext": {"privileged": True}}
                         ],
-                    }
+                    },
                 }
             },
         }
