@@ -34,6 +34,7 @@ from tfdist import settings
 from tfdist.kube import egress, tenancy
 from tfdist.kube.apply import prepare_user_namespace, prepare_user_queues
 from tfdist.kube.manifests import notebook_pod_labels
+from tfdist.kube.queueing import GATE, L_QUEUE
 
 from .allocator import ModelAvailability
 from .availability import ClusterGpuView
@@ -286,7 +287,7 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         cluster's flavors, cohort and ClusterQueues once per hub process and whenever the profiles change
         them, the user's LocalQueues on every spawn. Idempotent; nothing without a ``kueue:`` section.
         Where the cluster has no Kueue, or the hub may not write its objects, the spawn goes on (the
-        server itself needs no queue) and the log says why the user's jobs will not be queued."""
+        server starts unqueued) and the log says why the user's server and jobs will not be queued."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         from tfdist.kube import queueing, queueing_apply
@@ -307,10 +308,12 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         except ApiException as e:
             if e.status not in (403, 404):
                 raise
+            # no LocalQueue: a server pod with the queue label would wait for one for ever
+            self.extra_labels = {k: v for k, v in self.extra_labels.items() if k != L_QUEUE}
             self.log.error(
-                "tfdist: the profiles have a kueue: section, but %s (HTTP %s): %%%%tfdist jobs of %s will "
-                "not be queued. Install Kueue v0.17.0 and apply hub_config/rbac-hub-tenancy.yaml "
-                "(docs/queueing.md)",
+                "tfdist: the profiles have a kueue: section, but %s (HTTP %s): the server and the "
+                "%%%%tfdist jobs of %s will not be queued. Install Kueue v0.17.0 and apply "
+                "hub_config/rbac-hub-tenancy.yaml (docs/queueing.md)",
                 "the cluster has no Kueue" if e.status == 404 else "the hub may not write Kueue's objects",
                 e.status,
                 self.user.name,
@@ -350,7 +353,59 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         self.tolerations = tolerations
         self.image = choice.image
         # the label the NetworkPolicy of this user's %%tfdist jobs admits to the coordinator's agent
-        self.extra_labels = {**self.extra_labels, **notebook_pod_labels(self.user.name)}
+        labels = {k: v for k, v in self.extra_labels.items() if k != L_QUEUE}
+        if choice.gpus and profile.kueue_queue and cfg.kueue is not None and self.enable_user_namespaces:
+            # a GPU server waits its turn in the profile's queue like a job (a Workload of one pod, gated
+            # until admitted); never preempted: the ClusterQueues preempt nothing (tfdist.kube.queueing)
+            labels[L_QUEUE] = profile.kueue_queue
+        self.extra_labels = {**labels, **notebook_pod_labels(self.user.name)}
+
+    async def progress(self) -> Any:
+        """kubespawner's spawn progress, and while a GPU server waits in Kueue's queue its place and Kueue's
+        reason every few seconds ("Waiting for a GPU: queued: 2nd in team ...")."""
+        out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for ev in super(TfdistKubeSpawner, self).progress():
+                    await out.put(ev)
+            finally:
+                await out.put(None)
+
+        tasks = [asyncio.ensure_future(pump())]
+        if L_QUEUE in self.extra_labels:
+            tasks.append(asyncio.ensure_future(self._queue_progress(out)))
+        try:
+            while (ev := await out.get()) is not None:
+                yield ev
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _queue_progress(self, out: asyncio.Queue, every_s: float = 2.0) -> None:
+        from tfdist.kube.queueing_apply import pod_wait
+
+        said = ""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                pod = await self.api.read_namespaced_pod(self.pod_name, self.namespace)
+                gated = any(g.name == GATE for g in pod.spec.scheduling_gates or [])
+                wait = (
+                    await pod_wait(self.api.api_client, self.namespace, pod.metadata.uid) if gated else None
+                )
+            except Exception:  # not created yet, or a moment's error: the queue is news, never a failure
+                continue
+            if wait is None:
+                if said:
+                    return  # admitted
+                continue
+            msg = f"Waiting for a GPU: {wait.position.event().sentence()}"
+            if wait.reason:
+                msg += f" ({wait.reason})"
+            if msg != said:
+                said = msg
+                await out.put({"message": msg})
 
     def get_env(self) -> dict[str, Any]:
         env: dict[str, Any] = super().get_env()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import json
 import os
@@ -480,9 +481,9 @@ async def test_the_users_notebook_refuses_a_job_larger_than_the_queue_from_the_l
 
 
 # ------------------------------------------------------------------------ the spawner converges them
-async def test_the_spawner_converges_the_queues_and_the_users_local_queues(kq, tmp_path, monkeypatch):
-    """A spawn converges the cluster's Kueue objects (a queue the profiles add appears) and the user's
-    LocalQueues and queue Role; the next spawn changes nothing. The module's own queues are restored."""
+@pytest.fixture
+def spawners(kq, monkeypatch):
+    """Real TfdistKubeSpawners on the plane (KubeSpawner's client pointed at it): make(user, profiles)."""
     import kubernetes_asyncio.config.kube_config as kc
     import yaml
     from kubernetes_asyncio.client import Configuration
@@ -494,22 +495,44 @@ async def test_the_spawner_converges_the_queues_and_the_users_local_queues(kq, t
     sys.path.insert(0, str(REPO / "tests" / "doubles"))
     from hub_objects import FakeGroup, FakeHub, FakeHubUser
 
-    more = copy.deepcopy(PROFILES)
-    more["kueue"]["queues"]["spare"] = {"gpus": {"h100": 0}}
-    more["profiles"].append({**more["profiles"][0], "slug": "spare", "kueue_queue": "spare"})
-    prof = tmp_path / "profiles.yaml"
-    prof.write_text(yaml.safe_dump(more))
     saved = Configuration.get_default_copy()
     monkeypatch.setenv("KUBECONFIG", kq.kubeconfig)
     monkeypatch.setattr(kc, "KUBE_CONFIG_DEFAULT_LOCATION", kq.kubeconfig)
     monkeypatch.setattr(spawner_kube, "_queues_converged", {})
     load_config.cache_clear()
-    try:
-        user = FakeHubUser(name="dan", groups=[FakeGroup("ml")])
+
+    def make(name: str, profiles: dict) -> TfdistKubeSpawner:
+        prof = Path(kq.workdir) / f"profiles-{name}.yaml"
+        prof.write_text(yaml.safe_dump(profiles))
+        user = FakeHubUser(name=name, groups=[FakeGroup("ml")])
         sp = TfdistKubeSpawner(
-            user=user, hub=FakeHub(), profiles_file=str(prof), enable_user_namespaces=True, namespace="kq"
+            user=user,
+            hub=FakeHub(),
+            profiles_file=str(prof),
+            enable_user_namespaces=True,
+            namespace="kq",
+            start_timeout=120,
+            # the form's "only N free right now" refusal would stop a spawn that should wait in the queue
+            gpu_availability_enabled=False,
+            k8s_api_request_retry_timeout=20,
         )
+        sp.api_token = "secret-token"
         user.spawners[""] = sp
+        return sp
+
+    yield make
+    load_config.cache_clear()
+    Configuration.set_default(saved)
+
+
+async def test_the_spawner_converges_the_queues_and_the_users_local_queues(kq, spawners):
+    """A spawn converges the cluster's Kueue objects (a queue the profiles add appears) and the user's
+    LocalQueues and queue Role; the next spawn changes nothing. The module's own queues are restored."""
+    more = copy.deepcopy(PROFILES)
+    more["kueue"]["queues"]["spare"] = {"gpus": {"h100": 0}}
+    more["profiles"].append({**more["profiles"][0], "slug": "spare", "kueue_queue": "spare"})
+    try:
+        sp = spawners("dan", more)
         await sp._ensure_namespace()
         ns = sp.namespace
         assert kq.get(f"{KUEUE_API}/clusterqueues/spare") is not None
@@ -522,7 +545,42 @@ async def test_the_spawner_converges_the_queues_and_the_users_local_queues(kq, t
         again = kq.get(f"{KUEUE_API}/namespaces/{ns}/localqueues")["items"]
         assert {x["metadata"]["name"]: x["metadata"]["resourceVersion"] for x in again} == versions
     finally:
-        load_config.cache_clear()
-        Configuration.set_default(saved)
         async with await api_client(kq) as api:
             await qa.converge(api, parse_profiles(PROFILES))
+
+
+async def test_a_gpu_server_waits_in_the_queue_with_its_place_and_starts_when_a_gpu_frees(kq, spawners):
+    """Two 8-GPU servers on a queue (and a node) of 8: the second's pod is gated, never bound, while the
+    first runs, its spawn progress says where it waits and why, and it starts once the first stops."""
+    opts = {"profile": "gpu", "cpu": 1, "memory": 1, "gpus": 8, "gpu_model": "h100", "image": "img"}
+    first, second = spawners("eve", PROFILES), spawners("fay", PROFILES)
+    for sp in (first, second):
+        sp.user_options = dict(opts)
+        await sp._run_apply_user_options(dict(opts))
+    await asyncio.wait_for(first.start(), 90)
+    pod_path = f"/api/v1/namespaces/{second.namespace}/pods/{second.pod_name}"
+    starting = asyncio.ensure_future(second.start())
+    said: list[str] = []
+
+    async def follow():
+        async for ev in second.progress():
+            said.append(ev.get("message", ""))
+
+    following = asyncio.ensure_future(follow())
+    try:
+        await until("a queue message", lambda: [m for m in said if m.startswith("Waiting for a GPU")], 60)
+        msg = next(m for m in said if m.startswith("Waiting for a GPU"))
+        assert msg.startswith("Waiting for a GPU: queued: 1st in team (") and "nvidia.com/gpu" in msg, msg
+        pod = kq.get(pod_path)
+        assert pod["metadata"]["labels"][q.L_QUEUE] == QUEUE and gated(pod) and not bound(pod)
+        assert not starting.done()
+        await asyncio.wait_for(first.stop(now=True), 60)
+        await asyncio.wait_for(starting, 90)
+        assert bound(kq.get(pod_path)) and not gated(kq.get(pod_path))
+    finally:
+        following.cancel()
+        if not starting.done():
+            starting.cancel()
+        for sp in (first, second):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(sp.stop(now=True), 60)

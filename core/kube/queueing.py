@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 L_QUEUE = "kueue.x-k8s.io/queue-name"
 L_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
+GATE = "kueue.x-k8s.io/admission"  # Kueue's scheduling gate on a pod it has not admitted yet
 A_POD_GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 # "false": the group is over once none of its pods runs (else Kueue waits for replacements of the pods a
 # finished job's clean-up deleted, holding the quota); a failed worker the Job controller replaces while

@@ -194,6 +194,39 @@ async def read_position(api: Any, namespace: str, group: str, queue: str) -> q.Q
     return q.position_from_workloads(items, group, namespace)
 
 
+@dataclass(frozen=True)
+class PodWait:
+    """A pod Kueue has not admitted yet (a GPU notebook server): its place and Kueue's reason."""
+
+    position: q.QueuePosition
+    reason: str
+
+
+async def pod_wait(api: Any, namespace: str, pod_uid: str) -> PodWait | None:
+    """Where a single pod (a notebook server with a queue label: Kueue makes it a Workload of its own,
+    owned by the pod) waits in line among every namespace's Workloads (the hub may list them all), and
+    why (Kueue's QuotaReserved message), or None when it has no Workload (yet) or is admitted."""
+    items = (await _call(api, "GET", f"{_BASE}/workloads")).get("items", [])  # the hub sees the whole line
+    mine = next(
+        (w for w in items if any(o.get("uid") == pod_uid for o in w["metadata"].get("ownerReferences", []))),
+        None,
+    )
+    if mine is None or q.is_admitted(mine):
+        return None
+    pos = q.position_from_workloads(items, mine["metadata"]["name"], namespace)
+    if pos is None:
+        return None
+    reason = next(
+        (
+            c.get("message", "")
+            for c in mine.get("status", {}).get("conditions", [])
+            if c["type"] == "QuotaReserved" and c["status"] == "False"
+        ),
+        "",
+    )
+    return PodWait(pos, reason)
+
+
 async def queue_events(
     api: Any, namespace: str, group: str, queue: str, every_s: float = 2.0
 ) -> AsyncIterator[Any]:
