@@ -206,6 +206,31 @@ def test_refusal_names_the_numbers_and_a_fitting_job_passes():
     assert why is not None and "40 CPUs" in why and "16 CPUs" in why
 
 
+def test_the_local_queue_carries_its_queues_limits_and_the_job_flavor_comes_from_its_selector():
+    """A user may not read ClusterQueues: the LocalQueue's annotation holds the same capacities and the
+    flavors' node labels, and the refusal from it reads as the one from the ClusterQueues."""
+    c = cfg()
+    objs = q.cluster_objects(c)
+    cqs = [o for o in objs if o["kind"] == "ClusterQueue"]
+    flavors = [o for o in objs if o["kind"] == "ResourceFlavor"]
+    (lq,) = q.local_queues(c, "u", ["team-b"])
+    caps, got_flavors = q.limits_from_annotation(lq)
+    assert caps == q.capacities(cqs, "team-b")
+    a100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert q.flavor_for(got_flavors, a100) == q.flavor_for(flavors, a100) == "a100"
+    assert q.flavor_for(flavors, {**a100, "zone": "x"}) == "a100"  # more selector keys still match
+    assert q.flavor_for(flavors, {"nvidia.com/gpu.product": "other"}) is None
+    assert q.flavor_for(flavors, None) is None
+    demand = {"nvidia.com/gpu": 8.0}
+    assert q.refusal(demand, caps, gpu_flavor="a100") == q.refusal(
+        demand, q.capacities(cqs, "team-b"), gpu_flavor="a100"
+    )
+    # a LocalQueue without the annotation, or with one this version cannot read: no pre-check
+    assert q.limits_from_annotation({"metadata": {"name": "x"}, "spec": {}}) is None
+    bad = {"metadata": {"name": "x", "annotations": {q.A_LIMITS: "{not json"}}, "spec": {}}
+    assert q.limits_from_annotation(bad) is None
+
+
 def wl(name, ns, queue, created, *, admitted=False, priority=0, finished=False):
     conds = []
     if admitted:
