@@ -25,6 +25,19 @@ from tfdist.settings import ENV_RESULT_WAIT_S
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
 
 
+@pytest.fixture
+def agent_takes_the_cell(monkeypatch):
+    """kwok runs no container, so no agent ever takes a payload; a detached submit waits for that handover
+    (the kernel may die right after the cell). Here the chief pod's address is still found for real, and
+    the upload itself is taken as an agent would take it: these tests are about the job's record."""
+    from tfdist.kube import transport
+
+    async def delivered(client, payload, created, timeout_s) -> None:
+        return None
+
+    monkeypatch.setattr(transport, "deliver", delivered)
+
+
 def pods_of(plane, ns: str, job: str, role: str | None = None) -> list[dict]:
     sel = f"{mf.L_JOB}%3D{job}" + (f",{mf.L_ROLE}%3D{role}" if role else "")
     return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={sel}")["items"]
@@ -141,7 +154,7 @@ async def test_a_finished_job_deletes_itself(k8s_plane, k8s_namespace):
 
 
 async def test_a_mistyped_retention_starts_the_detached_job_with_the_default_and_the_local_sentence(
-    k8s_plane, k8s_namespace, tmp_path, monkeypatch
+    k8s_plane, k8s_namespace, tmp_path, monkeypatch, agent_takes_the_cell
 ):
     """TFDIST_RESULT_RETENTION_S mistyped: the job starts (it was a ValueError traceback), its coordinator
     keeps the results for the default and the record says so, with the local backend's sentence."""
@@ -162,7 +175,7 @@ async def test_a_mistyped_retention_starts_the_detached_job_with_the_default_and
 
 
 async def test_a_detached_job_outlives_its_kernel_and_is_attached_from_the_next(
-    k8s_plane, k8s_namespace, tmp_path
+    k8s_plane, k8s_namespace, tmp_path, agent_takes_the_cell
 ):
     ns = k8s_namespace
     env = {"TFDIST_STATE_DIR": str(tmp_path)}

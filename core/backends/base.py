@@ -35,8 +35,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
-        """Start the job; return once it exists (not once it runs). Raise TfdistError on bad input,
-        having created nothing."""
+        """Start the job; return once it exists (not once it runs), a detached one once it no longer needs
+        this kernel (its cell handed over, or it is stopped and this raises). Raise TfdistError on bad
+        input, having created nothing."""
 
     @abc.abstractmethod
     def watch(self, name: str) -> AsyncIterator[Event]:

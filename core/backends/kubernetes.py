@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..errors import JobSpecError, NoSuchJob, TfdistError
+from ..errors import BackendUnavailable, JobSpecError, NoSuchJob, TfdistError
 from ..job import detach as dt
 from ..job.detach import DetachSummary
 from ..job.events import ErrorInfo, Event, MetricsEvent, Reader, SnapshotEvent, StateEvent
@@ -192,8 +192,31 @@ class KubernetesBackend(Backend):
         if detach:
             self._remember(job, retention)
         job.tasks.append(asyncio.ensure_future(self._deliver(spec.name)))
-        if not detach:
+        if detach:
+            await self._handed_over(job)
+        else:
             job.tasks.append(asyncio.ensure_future(self._lifeline(spec.name, root)))
+
+    async def _handed_over(self, job: _Job) -> None:
+        """A detached job runs without this kernel only once its pods hold the cell: returning before
+        that lost the job to a kernel that died in the next seconds (its coordinator waited for a payload
+        nobody would send). Failed, past --timeout or interrupted here, the job is stopped, not left."""
+        name, limit = job.spec.name, job.spec.timeout_s + transport.AGENT_GRACE_S
+        try:
+            await asyncio.wait_for(job.delivered.wait(), limit)
+        except TimeoutError:
+            await asyncio.shield(self.stop(name))
+            raise BackendUnavailable(
+                f"job {name!r}: its pods did not take the cell within --timeout {job.spec.timeout_s:g}s + "
+                f"{transport.AGENT_GRACE_S:g}s, so it was stopped (nothing of it is left)"
+            ) from None
+        except BaseException:  # the cell was interrupted: a detached job nobody handed its cell to
+            await asyncio.shield(self.stop(name, Reason.INTERRUPTED))
+            raise
+        if job.delivery_error is not None:
+            err = job.delivery_error
+            await asyncio.shield(self.stop(name))
+            raise err
 
     async def _create_translated(self, obj: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
         try:
