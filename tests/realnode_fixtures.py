@@ -200,13 +200,21 @@ def real_ns(real_cluster):
         pass
 
 
+_JOB_IMAGES: dict[float, str] = {}  # the cluster's start time -> the job image imported into it
+
+
 @pytest.fixture(scope="module")
 def job_image(real_cluster) -> str:
-    """The job image of this checkout, in the node's containerd (tests/realnode_jobs.build_job_image)."""
+    """The job image of this checkout, in the node's containerd (tests/realnode_jobs.build_job_image).
+    Built once per cluster in a session (a wheel build each module cost several seconds on 2 cores); a
+    cluster brought up again (a teardown test took it down) gets it imported again."""
     from tests.realnode_jobs import build_job_image
 
     real_cluster.ensure()  # up again if an earlier module's teardown test took it down
-    return build_job_image()
+    started = real_cluster.state.get("started", 0.0)
+    if started not in _JOB_IMAGES:
+        _JOB_IMAGES[started] = build_job_image()
+    return _JOB_IMAGES[started]
 
 
 @pytest.fixture
