@@ -300,7 +300,12 @@ def with_costs(hw: Hardware, costs: dict[str, float], local: bool = True) -> Har
     """`hw` with the fixed costs measured where the plan runs (the others stay assumed). A job on other
     machines (Kubernetes) takes only the coordinator's pace from them: latency and rates there differ."""
     keys = COSTS if local else REMOTE_COSTS
-    got = {k: float(v) for k, v in costs.items() if k in keys and v is not None and float(v) > 0}
+    rates = ("allreduce_bandwidth", "link_bandwidth")  # a rate of 0 is no measurement; a cost of 0 is one
+    got = {
+        k: float(v)
+        for k, v in costs.items()
+        if k in keys and v is not None and (float(v) > 0 if k in rates else float(v) >= 0)
+    }
     link = got.pop("link_bandwidth", None)
     if link is not None:
         got |= {"bandwidth": link, "local_bandwidth": link}

@@ -107,6 +107,9 @@ def test_measured_costs_replace_the_assumed_ones_and_say_so():
     assert hw.ps_dispatch_s == 0.003 and hw.bandwidth == hw.local_bandwidth == 1.5e9
     assert hw.ps_overhead_s == advisor.PS_STEP_LATENCY_S  # a nonsense figure stays assumed
     assert "ps_overhead_s" not in hw.measured and "link_bandwidth" in hw.measured
+    zero = advisor.with_costs(Hardware(), {"ps_dispatch_per_ps_s": 0.0, "link_bandwidth": 0.0})
+    assert zero.measured == ("ps_dispatch_per_ps_s",)  # no extra cost is a measurement; no rate is not
+    assert zero.ps_dispatch_per_ps_s == 0.0 and zero.bandwidth == advisor.DEFAULT_BANDWIDTH["kubernetes"]
     remote = advisor.with_costs(Hardware(nodes=2), LOCAL_COSTS, local=False)
     assert remote.measured == ("ps_dispatch_s", "ps_dispatch_per_ps_s")
     assert remote.bandwidth == advisor.DEFAULT_BANDWIDTH["kubernetes"]

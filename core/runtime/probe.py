@@ -157,7 +157,12 @@ def measure(model: Any, dataset: Any, split: int = 1) -> ProbeResult:
 PS_CLOSURES = 30
 COLLECTIVE_ROUNDS = 8
 COLLECTIVE_MAX_BYTES = 32 << 20
-COLLECTIVE_TIMEOUT_S = 90.0
+RATE_MIN_BYTES = 4 << 20  # below this a transfer is all latency: no rate to read from it
+COLLECTIVE_TIMEOUT_S = 60.0
+FIXED_COSTS_TIMEOUT_S = 70.0
+
+
+_KEEP: list[Any] = []
 
 
 def _free_ports(n: int) -> list[int]:
@@ -194,20 +199,24 @@ def measure_ps_costs(grad_bytes: int) -> dict[str, float]:
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     coord = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    nbytes = max(4096, min(COLLECTIVE_MAX_BYTES, grad_bytes)) // 4 * 4
+    nbytes = max(RATE_MIN_BYTES, min(COLLECTIVE_MAX_BYTES, grad_bytes)) // 4 * 4
     with strategy.scope():  # placed round-robin: a and c on ps 0, b on ps 1
         a, b = tf.Variable(tf.zeros([64])), tf.Variable(tf.zeros([64]))
         c = tf.Variable(tf.zeros([nbytes // 4]))
 
+    # a step takes its batch from a per-worker dataset's iterator, as Keras's train step does
+    batches = coord.create_per_worker_dataset(lambda: tf.data.Dataset.from_tensors(tf.ones([64])).repeat())
+    it = iter(batches)
+
     def step_fn(variables: list[Any]) -> Any:
         @tf.function
-        def step() -> Any:
-            def replica() -> Any:
+        def step(iterator: Any) -> Any:
+            def replica(x: Any) -> Any:
                 for v in variables:  # a pull and a push per PS, as a training step does
-                    v.assign_add(tf.ones_like(v))
+                    v.assign_add(tf.ones_like(v) * tf.reduce_mean(x))
                 return tf.add_n([tf.reduce_sum(v) for v in variables])
 
-            return strategy.run(replica)
+            return strategy.run(replica, args=(next(iterator),))
 
         return step
 
@@ -215,26 +224,26 @@ def measure_ps_costs(grad_bytes: int) -> dict[str, float]:
 
     def paced(fn: Any) -> float:
         for _ in range(3):
-            coord.schedule(fn)
+            coord.schedule(fn, args=(it,))
         coord.join()
         t0 = time.perf_counter()
         for _ in range(PS_CLOSURES):
-            coord.schedule(fn)
+            coord.schedule(fn, args=(it,))
         coord.join()
         return (time.perf_counter() - t0) / PS_CLOSURES
 
     def serial(fn: Any, n: int) -> float:
-        coord.schedule(fn).fetch()
+        coord.schedule(fn, args=(it,)).fetch()
         t0 = time.perf_counter()
         for _ in range(n):
-            coord.schedule(fn).fetch()
+            coord.schedule(fn, args=(it,)).fetch()
         return (time.perf_counter() - t0) / n
 
     dispatch = paced(one)
     dispatch_two = paced(two)
     small = serial(one, PS_CLOSURES // 2)
     large = serial(big, COLLECTIVE_ROUNDS)
-    del servers  # ended with this process
+    _KEEP.append((servers, coord, it))  # ended with this process: tearing them down takes seconds
     return {
         "ps_dispatch_s": dispatch,
         "ps_dispatch_per_ps_s": max(0.0, dispatch_two - dispatch),
@@ -291,33 +300,39 @@ class Collective:
         import subprocess
         import tempfile
 
+        self.failed = ""
         self._dir = tempfile.TemporaryDirectory(prefix="tfdist-probe-")
         self.out = os.path.join(self._dir.name, "collective.json")
         ports = ",".join(map(str, _free_ports(2)))
         argv = [sys.executable, "-m", "tfdist.runtime.probe", "--collective", self.out]
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        self.procs = [
-            subprocess.Popen(
-                [*argv, str(r), ports],
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for r in range(2)
-        ]
+        self.procs = []
+        for r in range(2):
+            with open(f"{self.out}.err{r}", "w") as err:  # a file: a pipe nobody reads would fill
+                self.procs.append(
+                    subprocess.Popen(
+                        [*argv, str(r), ports],
+                        env=env,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        text=True,
+                    )
+                )
 
     def wait_ready(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> None:
+        if self.failed:  # waited for once already
+            raise RuntimeError(self.failed)
         deadline = time.monotonic() + timeout
         while not all(os.path.exists(f"{self.out}.ready{r}") for r in range(2)):
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-                raise RuntimeError("the all-reduce workers did not come up: " + self._tail())
+                self.failed = "the all-reduce workers did not come up: " + self._tail()
+                raise RuntimeError(self.failed)
             time.sleep(0.05)
 
     def measure(self, grad_bytes: int) -> dict[str, float]:
         self.wait_ready()
-        nbytes = max(4096, min(COLLECTIVE_MAX_BYTES, grad_bytes)) // 4 * 4
+        nbytes = max(RATE_MIN_BYTES, min(COLLECTIVE_MAX_BYTES, grad_bytes)) // 4 * 4
         for p in self.procs:
             assert p.stdin is not None
             p.stdin.write(f"{nbytes}\n")
@@ -331,11 +346,11 @@ class Collective:
             return json.load(f)
 
     def _tail(self) -> str:
-        for p in self.procs:
-            if p.poll() is not None and p.stderr is not None:
-                lines = p.stderr.read().strip().splitlines()
-                if lines:
-                    return " / ".join(lines[-2:])
+        for r in range(2):
+            with open(f"{self.out}.err{r}") as f:
+                lines = [ln for ln in f.read().strip().splitlines() if "Error" in ln or "error" in ln]
+            if lines:
+                return " / ".join(lines[-2:])
         return "no word from them"
 
     def close(self) -> None:
@@ -344,7 +359,7 @@ class Collective:
             if p.poll() is None:
                 p.kill()
             p.wait()
-        self._dir.cleanup()
+        self._dir.cleanup()  # idempotent
 
 
 def main(argv: list[str]) -> int:
@@ -393,14 +408,44 @@ def _probe(bundle_path: str, out_path: str, split: int, collective: Collective) 
         with open(out_path, "w") as f:
             json.dump({"error": f"{type(exc).__name__}: {str(exc)[:500]}"}, f)
         return 1
-    try:
-        result.costs = measure_ps_costs(result.grad_bytes) | collective.measure(result.grad_bytes)
-    except Exception as exc:  # the plan still stands, on assumed costs, and says so
-        result.costs_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+    errors = []
+    for what, fn in (("PS", measure_ps_costs), ("all-reduce", collective.measure)):
+        try:  # the plan still stands without them, on assumed costs, and says so
+            result.costs |= _within(fn, result.grad_bytes)
+        except TimeoutError:
+            errors.append(f"{what}: no answer in {FIXED_COSTS_TIMEOUT_S:g} s")
+        except Exception as exc:
+            errors.append(f"{what}: {type(exc).__name__}: {str(exc)[:300]}")
+    result.costs_error = "; ".join(errors)
     with open(out_path, "w") as f:
         json.dump(asdict(result), f)
-    return 0
+    return 0  # a stuck in-process server cannot keep the probe waiting: it ends with os._exit
+
+
+def _within(fn: Any, *args: Any) -> dict[str, float]:
+    """fn(*args) in a thread, given FIXED_COSTS_TIMEOUT_S."""
+    import threading
+
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(fn(*args))
+        except Exception as exc:
+            box.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(FIXED_COSTS_TIMEOUT_S)
+    if not box:
+        raise TimeoutError
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0]
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # the output is written and the helpers ended: no TensorFlow teardown to wait for
