@@ -84,6 +84,14 @@ class GpuFormMixin(LoggingConfigurable):
         """Turn a validated choice into this spawner's traits (override)."""
         raise NotImplementedError
 
+    def queues_gpu_servers(self, cfg: ProfilesConfig) -> bool:
+        """Whether GPU servers of profiles with a Kueue queue wait in it (then a shortage is no refusal)."""
+        return False
+
+    async def queue_waiting(self, cfg: ProfilesConfig) -> dict[str, int] | None:
+        """Workloads waiting per Kueue queue now, for the form; None when unknown or not queued."""
+        return None
+
     # ---- shared plumbing ------------------------------------------------------------------------------
 
     def get_env(self) -> dict[str, Any]:
@@ -121,9 +129,13 @@ class GpuFormMixin(LoggingConfigurable):
                 total += choice.gpus
         return total
 
-    async def tfdist_context(self, with_availability: bool = True) -> UserContext:
+    async def tfdist_context(self, with_availability: bool = True, with_queues: bool = False) -> UserContext:
         av = await self.gpu_availability() if with_availability else None
+        cfg = self.tfdist_profiles()
+        queued = self.queues_gpu_servers(cfg)
         return UserContext(
+            queues_gpu_servers=queued,
+            queue_waiting=await self.queue_waiting(cfg) if queued and with_queues else None,
             groups=self.tfdist_groups(),
             gpus_held_elsewhere=self.tfdist_gpus_held_elsewhere(),
             free_gpus={k: a.free for k, a in av.items()} if av is not None else None,
@@ -154,7 +166,7 @@ class GpuFormMixin(LoggingConfigurable):
 
     async def tfdist_render_form(self) -> str:
         cfg = self.tfdist_profiles()
-        ctx = await self.tfdist_context(with_availability=False)
+        ctx = await self.tfdist_context(with_availability=False, with_queues=True)
         availability = await self.gpu_availability()
         submitted, self._tfdist_submitted = self._tfdist_submitted, None
         return render_form(

@@ -8,6 +8,7 @@ descriptions) or a user (remembered values) wrote is escaped.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import jinja2
 
 from .allocator import ModelAvailability
 from .profiles import FloatRange, Profile, ProfilesConfig
-from .validation import UserContext, lacks_gpus, validate_options
+from .validation import UserContext, gpu_queue, lacks_gpus, queue_refusal, validate_options
 
 __all__ = ["CUSTOM_IMAGE", "form_to_raw", "render_form"]
 
@@ -68,6 +69,15 @@ class _ModelView:
     selected: bool
     #: most free on one node (Kubernetes); None when not applicable or unknown
     max_on_node: int | None = None
+    #: the Kueue queue a server of this model waits in when no GPU is free (then `free` is None: the
+    #: browser caps the GPU count by nothing but the queue's own limit, and `free_now` is shown)
+    queue: str | None = None
+    #: Workloads waiting in that queue now (None: unknown)
+    waiting: int | None = None
+    #: GPUs free now, shown beside the queue
+    free_now: int | None = None
+    #: the queue can never hold one GPU of this model
+    never: bool = False
 
     @property
     def fit(self) -> int | None:
@@ -83,10 +93,13 @@ class _ModelView:
 
     @property
     def disabled(self) -> bool:
-        return self.fit is not None and self.fit <= 0
+        none_here = self.queue is not None and self.total == 0
+        return self.never or none_here or (self.fit is not None and self.fit <= 0)
 
     @property
     def status(self) -> str:
+        if self.queue is not None:
+            return self._queue_status()
         if self.free is None:
             return "availability unknown"
         if self.total == 0:
@@ -94,6 +107,20 @@ class _ModelView:
         if self.split:
             return f"{self.free} of {self.total} free, at most {self.max_on_node} on one node"
         return f"{self.free} of {self.total} free"
+
+    def _queue_status(self) -> str:
+        if self.never:
+            return f"queue {self.queue} has no quota for it"
+        if self.total == 0:
+            return "none on this hub"
+        free = "availability unknown" if self.free_now is None else f"{self.free_now} free"
+        line = (
+            f"{self.waiting} waiting in {self.queue}"
+            if self.waiting is not None
+            else f"waits in queue {self.queue}"
+        )
+        tail = ": your server will start when a GPU frees" if not self.free_now else ""
+        return f"{free} · {line}{tail}"
 
 
 @dataclass
@@ -172,14 +199,7 @@ def render_form(
     `submitted`: raw options of a POST that failed validation, shown again so the user can fix them.
     """
     if availability is not None and ctx.gpus_total is None:
-        ctx = UserContext(
-            groups=ctx.groups,
-            gpus_held_elsewhere=ctx.gpus_held_elsewhere,
-            free_gpus=ctx.free_gpus,
-            max_free_on_node=ctx.max_free_on_node,
-            gpus_total={k: a.total for k, a in availability.items()},
-            place=ctx.place,
-        )
+        ctx = dataclasses.replace(ctx, gpus_total={k: a.total for k, a in availability.items()})
     listed = cfg.allowed_profiles(ctx.groups)
     # GPU profiles on a hub without their GPUs cannot start: not offered at all (validation refuses them too)
     allowed = [p for p in listed if not lacks_gpus(p, ctx)]
@@ -200,18 +220,24 @@ def render_form(
         values = _values_for(p, chosen)
         view = _ProfileView(profile=p, selected=p.slug == selected_slug, values=values)
         if p.offers_gpus:
+            queue = gpu_queue(p, cfg, ctx)
             for key in p.gpu_models:
                 av = availability.get(key) if availability is not None else None
-                view.models.append(
-                    _ModelView(
-                        key=key,
-                        display_name=cfg.gpu_models[key].display_name,
-                        free=av.free if av else (0 if availability is not None else None),
-                        total=av.total if av else (0 if availability is not None else None),
-                        selected=key == values["gpu_model"],
-                        max_on_node=av.max_on_node if av else None,
-                    )
+                m = _ModelView(
+                    key=key,
+                    display_name=cfg.gpu_models[key].display_name,
+                    free=av.free if av else (0 if availability is not None else None),
+                    total=av.total if av else (0 if availability is not None else None),
+                    selected=key == values["gpu_model"],
+                    max_on_node=av.max_on_node if av else None,
                 )
+                if queue is not None:
+                    # a shortage is a wait in the queue, not a cap: only the queue's own limit is
+                    m.free_now, m.free, m.max_on_node = m.free, None, None
+                    m.queue = queue
+                    m.waiting = ctx.queue_waiting.get(queue, 0) if ctx.queue_waiting is not None else None
+                    m.never = queue_refusal(cfg, queue, key, 1) is not None
+                view.models.append(m)
             if p.max_gpus_per_user is not None:
                 view.gpu_cap_left = max(p.max_gpus_per_user - ctx.gpus_held_elsewhere, 0)
                 view.notes.append(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from kubespawner import KubeSpawner
@@ -49,6 +50,12 @@ _view: ClusterGpuView | None = None
 # keeps two first spawns from converging them at once
 _queues_converged: dict[str, str] = {}
 _queues_lock = asyncio.Lock()
+
+
+# Workloads waiting per Kueue queue, as last read (monotonic time, counts): the form reads ClusterQueues at
+# most once per QUEUE_LINE_TTL_S per hub, however many users open it
+QUEUE_LINE_TTL_S = 5.0
+_queue_line: dict[str, tuple[float, dict[str, int] | None]] = {}
 
 
 def shared_gpu_view() -> ClusterGpuView:
@@ -169,6 +176,28 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         if not self.gpu_availability_enabled:
             return None
         return shared_gpu_view().availability(self.tfdist_profiles().gpu_models)
+
+    def queues_gpu_servers(self, cfg: ProfilesConfig) -> bool:
+        """GPU servers of a profile with a queue wait in it (apply_choice labels their pod)."""
+        return cfg.kueue is not None and self.enable_user_namespaces
+
+    async def queue_waiting(self, cfg: ProfilesConfig) -> dict[str, int] | None:
+        """Kueue's pending Workloads per ClusterQueue, one list per QUEUE_LINE_TTL_S per hub; None when the
+        hub cannot read them (no Kueue, no RBAC, an error): the form then says the queue without a count."""
+        from tfdist.kube import queueing_apply
+
+        key = self._kube_api_url()
+        now = time.monotonic()
+        hit = _queue_line.get(key)
+        if hit is not None and now - hit[0] < QUEUE_LINE_TTL_S:
+            return hit[1]
+        try:
+            counts: dict[str, int] | None = await queueing_apply.pending_by_queue(self.api.api_client)
+        except Exception as e:  # the count is news for the form, never a reason to fail it
+            self.log.info("tfdist: cannot read Kueue's queues for the form: %s", e)
+            counts = None
+        _queue_line[key] = (now, counts)
+        return counts
 
     async def load_user_options(self) -> None:
         """Nothing left to do: `apply_user_options` validated and applied the choice."""

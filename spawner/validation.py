@@ -22,6 +22,8 @@ __all__ = [
     "Choice",
     "OptionsError",
     "UserContext",
+    "gpu_queue",
+    "queue_refusal",
     "show_value",
     "validate_options",
 ]
@@ -60,6 +62,36 @@ class UserContext:
     gpus_total: Mapping[str, int] | None = None
     #: where the GPUs are, as messages name it ("This machine", "The cluster")
     place: str = "This hub"
+    #: GPU servers of a profile with a Kueue queue (``kueue_queue`` and a ``kueue:`` section) wait in that
+    #: queue (the Kubernetes spawner): a shortage now is no refusal, only what the queue can never hold is
+    queues_gpu_servers: bool = False
+    #: Workloads waiting per queue name now, for the form; None when unknown
+    queue_waiting: Mapping[str, int] | None = None
+
+
+def gpu_queue(profile: Profile, cfg: ProfilesConfig, ctx: UserContext) -> str | None:
+    """The Kueue queue a GPU server of ``profile`` waits in, or None when it starts now or not at all."""
+    if ctx.queues_gpu_servers and cfg.kueue is not None and profile.kueue_queue:
+        return profile.kueue_queue
+    return None
+
+
+def queue_refusal(cfg: ProfilesConfig, queue: str, model: str, gpus: int) -> str | None:
+    """Why ``gpus`` GPUs of ``model`` can never start in ``queue`` (the numbers in one sentence), or None."""
+    from tfdist.kube.queueing import gpu_capacity
+
+    name = cfg.gpu_models[model].display_name
+    cap = gpu_capacity(cfg, queue, model)
+    if cap is None:
+        return f"{name}: queue {queue} has no quota for {name} GPUs, so this server could never start."
+    most = int(cap.maximum)
+    if gpus <= most:
+        return None
+    return (
+        f"{name}: you asked for {gpus} GPUs, but queue {queue} can never hold more than {most} "
+        f"(its quota {int(cap.nominal)} + {int(cap.borrowable)} it may borrow), so this server could never "
+        f"start. Ask for at most {most}."
+    )
 
 
 def lacks_gpus(profile: Profile, ctx: UserContext) -> bool:
@@ -316,6 +348,15 @@ def validate_options(raw: Any, cfg: ProfilesConfig, ctx: UserContext) -> Choice:
                 f"{left} now (you asked for {gpus}).",
                 "gpus",
             )
+
+    queue = gpu_queue(profile, cfg, ctx)
+    if gpus > 0 and model is not None and queue is not None:
+        # a shortage now is a wait in the queue (Kueue admits the server when a GPU frees); only what the
+        # queue can never hold is refused, before anything is created
+        why = queue_refusal(cfg, queue, model, gpus)
+        if why is not None:
+            raise OptionsError(why, "gpus")
+        return Choice(profile=profile.slug, cpu=cpu, memory_gib=mem, gpus=gpus, gpu_model=model, image=image)
 
     if gpus > 0 and model is not None and ctx.free_gpus is not None:
         free = max(int(ctx.free_gpus.get(model, 0)), 0)

@@ -341,6 +341,28 @@ def capacities(cluster_queues_: Iterable[Mapping[str, Any]], queue: str) -> list
     return out
 
 
+def gpu_capacity(cfg: ProfilesConfig, queue: str, model: str) -> Capacity | None:
+    """The most GPUs of ``model`` queue ``queue`` can ever hold (quota + what it may borrow), from the
+    profiles (what the hub converges), for a notebook server's refusal before anything is created. None
+    when the queue has no quota of that model at all (Kueue would leave such a server waiting for ever)."""
+    if cfg.kueue is None or model not in cfg.gpu_models:
+        return None
+    resource = cfg.gpu_models[model].resource
+    return next(
+        (c for c in capacities(cluster_queues(cfg), queue) if c.flavor == model and c.resource == resource),
+        None,
+    )
+
+
+def pending_workloads(cluster_queues_: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many Workloads wait in each ClusterQueue (Kueue's own count, ``status.pendingWorkloads``), by
+    queue name: the line ahead of a new spawn, as the form shows it."""
+    return {
+        str(cq["metadata"]["name"]): int((cq.get("status") or {}).get("pendingWorkloads") or 0)
+        for cq in cluster_queues_
+    }
+
+
 def flavor_for(flavors: Iterable[Mapping[str, Any]], node_selector: Mapping[str, str] | None) -> str | None:
     """The ResourceFlavor whose node labels a job's GPU node selector asks for (the GPU model's flavor), or
     None when no flavor's labels are all in the selector (then every flavor of the resource counts)."""

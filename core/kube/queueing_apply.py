@@ -122,6 +122,11 @@ async def cluster_queues(api: Any) -> list[dict[str, Any]]:
     return (await _call(api, "GET", _collection("ClusterQueue"))).get("items", [])
 
 
+async def pending_by_queue(api: Any) -> dict[str, int]:
+    """Workloads waiting per ClusterQueue (tfdist.kube.queueing.pending_workloads): one list."""
+    return q.pending_workloads(await cluster_queues(api))
+
+
 async def queue_refusal(
     api: Any, namespace: str, queue: str, demand: dict[str, float], node_selector: dict[str, str] | None
 ) -> str | None:
