@@ -499,6 +499,9 @@ def spawners(kq, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", kq.kubeconfig)
     monkeypatch.setattr(kc, "KUBE_CONFIG_DEFAULT_LOCATION", kq.kubeconfig)
     monkeypatch.setattr(spawner_kube, "_queues_converged", {})
+    # the hub's one GPU view and queue count, on this plane (the form's availability check is on)
+    monkeypatch.setattr(spawner_kube, "_view", None)
+    monkeypatch.setattr(spawner_kube, "_queue_line", {})
     load_config.cache_clear()
 
     def make(name: str, profiles: dict) -> TfdistKubeSpawner:
@@ -512,8 +515,6 @@ def spawners(kq, monkeypatch):
             enable_user_namespaces=True,
             namespace="kq",
             start_timeout=120,
-            # the form's "only N free right now" refusal would stop a spawn that should wait in the queue
-            gpu_availability_enabled=False,
             k8s_api_request_retry_timeout=20,
         )
         sp.api_token = "secret-token"
@@ -550,14 +551,54 @@ async def test_the_spawner_converges_the_queues_and_the_users_local_queues(kq, s
 
 
 async def test_a_gpu_server_waits_in_the_queue_with_its_place_and_starts_when_a_gpu_frees(kq, spawners):
-    """Two 8-GPU servers on a queue (and a node) of 8: the second's pod is gated, never bound, while the
-    first runs, its spawn progress says where it waits and why, and it starts once the first stops."""
+    """Two 8-GPU servers on a queue (and a node) of 8, the form's availability check on: the second is
+    accepted though no GPU is free (the form says so and how many wait), its pod is gated, never bound,
+    while the first runs, its spawn progress says where it waits and why, and it starts once the first
+    stops. A server larger than the queue can ever hold is refused with the numbers and creates nothing."""
+    from tornado import web
+
+    from tfdist.spawner import kube as spawner_kube
+
     opts = {"profile": "gpu", "cpu": 1, "memory": 1, "gpus": 8, "gpu_model": "h100", "image": "img"}
-    first, second = spawners("eve", PROFILES), spawners("fay", PROFILES)
-    for sp in (first, second):
-        sp.user_options = dict(opts)
-        await sp._run_apply_user_options(dict(opts))
-    await asyncio.wait_for(first.start(), 90)
+    big = copy.deepcopy(PROFILES)
+    big["profiles"][0]["gpus"]["max"] = 16  # the profile allows it; the queue never can
+    first, second, third = spawners("eve", PROFILES), spawners("fay", PROFILES), spawners("gil", big)
+    models = first.tfdist_profiles().gpu_models
+    view = spawner_kube.shared_gpu_view()
+
+    def h100_free() -> int | None:
+        av = view.availability(models)
+        return av["h100"].free if av is not None else None
+
+    async def form() -> str:
+        spawner_kube._queue_line.clear()  # past the form's few seconds of cache
+        return " ".join((await second.tfdist_render_form()).split())
+
+    try:
+        await until("the GPU view loaded", lambda: h100_free() == 8, 30)
+        first.user_options = dict(opts)
+        await first._run_apply_user_options(dict(opts))
+        await asyncio.wait_for(first.start(), 90)
+        await until("the first server's GPUs counted", lambda: h100_free() == 0, 30)
+        second.user_options = dict(opts)
+        await second._run_apply_user_options(dict(opts))  # no GPU free: accepted, it waits in the queue
+        assert "H100 (0 free · 0 waiting in team: your server will start when a GPU frees)" in await form()
+
+        too_big = {**opts, "gpus": 9}
+        with pytest.raises(web.HTTPError) as refused_big:
+            await third._run_apply_user_options(too_big)
+        assert refused_big.value.jupyterhub_message == (
+            "H100: you asked for 9 GPUs, but queue team can never hold more than 8 (its quota 8 + 0 it may "
+            "borrow), so this server could never start. Ask for at most 8."
+        )
+        assert third.tfdist_choice is None
+        assert kq.get(f"/api/v1/namespaces/{third.namespace}/pods/{third.pod_name}") is None
+    except BaseException:
+        for sp in (first, second):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(sp.stop(now=True), 60)
+        await view.stop()
+        raise
     pod_path = f"/api/v1/namespaces/{second.namespace}/pods/{second.pod_name}"
     starting = asyncio.ensure_future(second.start())
     said: list[str] = []
@@ -573,6 +614,17 @@ async def test_a_gpu_server_waits_in_the_queue_with_its_place_and_starts_when_a_
         assert msg.startswith("Waiting for a GPU: queued: 1st in team (") and "nvidia.com/gpu" in msg, msg
         pod = kq.get(pod_path)
         assert pod["metadata"]["labels"][q.L_QUEUE] == QUEUE and gated(pod) and not bound(pod)
+        waiting = "H100 (0 free · 1 waiting in team: your server will start when a GPU frees)"
+        shown: list[str] = []
+
+        async def shows_one_waiting() -> bool:
+            shown[:] = [await form()]
+            return waiting in shown[0]
+
+        t_end = time.monotonic() + 30
+        while not await shows_one_waiting():
+            assert time.monotonic() < t_end, f"the form never said {waiting!r}: {shown}"
+            await asyncio.sleep(0.5)
         assert not starting.done()
         await asyncio.wait_for(first.stop(now=True), 60)
         await asyncio.wait_for(starting, 90)
@@ -584,3 +636,4 @@ async def test_a_gpu_server_waits_in_the_queue_with_its_place_and_starts_when_a_
         for sp in (first, second):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(sp.stop(now=True), 60)
+        await view.stop()
