@@ -416,3 +416,19 @@ def test_the_reference_lists_every_variable_and_trait():
             assert f"`{v.name}`" in text
     assert "`TFDIST_LIFELINE_GRACE_S`" in text and "`c.TfdistLocalSpawner`" in text
     assert "`c.TfdistKubeSpawner`" in text and "`profiles_file`" in text
+
+
+def test_the_z2jh_values_config_reads_no_tfdist_variable_itself():
+    """hub_config/values.yaml's hub.extraConfig is Python the hub runs too: its TFDIST_* come through
+    KubeHubSettings like the config files' (it read three itself, unchecked)."""
+    import yaml
+
+    values = yaml.safe_load((ROOT / "hub_config" / "values.yaml").read_text())
+    snippets = values["hub"]["extraConfig"]
+    trees = {key: ast.parse(code, f"values.yaml:hub.extraConfig.{key}") for key, code in snippets.items()}
+    known = _known_names([ast.parse(p.read_text()) for p in _sources()] + list(trees.values()))
+    found = [
+        f"hub.extraConfig.{key}:{line}" for key, tree in trees.items() for line in environ_reads(tree, known)
+    ]
+    assert not found, "read these through tfdist.settings.KubeHubSettings instead: " + ", ".join(found)
+    assert any("KubeHubSettings()" in code for code in snippets.values())
