@@ -36,6 +36,7 @@ __all__ = [
     "NodeInfo",
     "PodUsage",
     "gpu_availability",
+    "largest_node",
     "node_info",
     "parse_quantity",
     "pod_usage",
@@ -160,6 +161,19 @@ def availability_from(
     return out
 
 
+def largest_node(nodes: Iterable[NodeInfo], models: Mapping[str, GpuModel]) -> dict[str, int]:
+    """The most GPUs of each model one offering node has in all (free or not): a server asking for more
+    can never start, however long it waits in a queue (its GPUs must all be on one node)."""
+    node_list = list(nodes)
+    return {
+        key: max(
+            (int(n.allocatable[m.resource]) for n in node_list if _offers(m, n)),
+            default=0,
+        )
+        for key, m in models.items()
+    }
+
+
 def gpu_availability(
     nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], models: Mapping[str, GpuModel]
 ) -> dict[str, ModelAvailability]:
@@ -226,6 +240,10 @@ class ClusterGpuView:
                 availability_from(self.nodes.values(), self.pods.values(), models),
             )
         return c[2]
+
+    def largest_node(self, models: Mapping[str, GpuModel]) -> dict[str, int] | None:
+        """`largest_node` of the watched nodes; None until they are loaded."""
+        return largest_node(self.nodes.values(), models) if self.loaded else None
 
     # I/O
     def start(self) -> None:

@@ -92,6 +92,10 @@ class GpuFormMixin(LoggingConfigurable):
         """Workloads waiting per Kueue queue now, for the form; None when unknown or not queued."""
         return None
 
+    async def largest_node_gpus(self, cfg: ProfilesConfig) -> dict[str, int] | None:
+        """The most GPUs per model one node has in all (Kubernetes); None when unknown or not applicable."""
+        return None
+
     # ---- shared plumbing ------------------------------------------------------------------------------
 
     def get_env(self) -> dict[str, Any]:
@@ -136,6 +140,7 @@ class GpuFormMixin(LoggingConfigurable):
         return UserContext(
             queues_gpu_servers=queued,
             queue_waiting=await self.queue_waiting(cfg) if queued and with_queues else None,
+            largest_node_gpus=await self.largest_node_gpus(cfg) if queued and with_availability else None,
             groups=self.tfdist_groups(),
             gpus_held_elsewhere=self.tfdist_gpus_held_elsewhere(),
             free_gpus={k: a.free for k, a in av.items()} if av is not None else None,

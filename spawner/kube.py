@@ -181,6 +181,11 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         """GPU servers of a profile with a queue wait in it (apply_choice labels their pod)."""
         return cfg.kueue is not None and self.enable_user_namespaces
 
+    async def largest_node_gpus(self, cfg: ProfilesConfig) -> dict[str, int] | None:
+        if not self.gpu_availability_enabled:
+            return None
+        return shared_gpu_view().largest_node(cfg.gpu_models)
+
     async def queue_waiting(self, cfg: ProfilesConfig) -> dict[str, int] | None:
         """Kueue's pending Workloads per ClusterQueue, one list per QUEUE_LINE_TTL_S per hub; None when the
         hub cannot read them (no Kueue, no RBAC, an error): the form then says the queue without a count."""

@@ -67,6 +67,9 @@ class UserContext:
     queues_gpu_servers: bool = False
     #: Workloads waiting per queue name now, for the form; None when unknown
     queue_waiting: Mapping[str, int] | None = None
+    #: the most GPUs per model key one node has in all (free or not); None, or a model missing, when
+    #: unknown: a queued server asking for more could never start
+    largest_node_gpus: Mapping[str, int] | None = None
 
 
 def gpu_queue(profile: Profile, cfg: ProfilesConfig, ctx: UserContext) -> str | None:
@@ -356,6 +359,15 @@ def validate_options(raw: Any, cfg: ProfilesConfig, ctx: UserContext) -> Choice:
         why = queue_refusal(cfg, queue, model, gpus)
         if why is not None:
             raise OptionsError(why, "gpus")
+        biggest = (ctx.largest_node_gpus or {}).get(model)
+        if biggest is not None and gpus > biggest:
+            name = cfg.gpu_models[model].display_name
+            raise OptionsError(
+                f"{name}: you asked for {gpus} GPUs, but no node has more than {biggest} {name} GPUs in all, "
+                f"and a server's GPUs must all be on one node, so this server could never start. Ask for at "
+                f"most {biggest}.",
+                "gpus",
+            )
         return Choice(profile=profile.slug, cpu=cpu, memory_gib=mem, gpus=gpus, gpu_model=model, image=image)
 
     if gpus > 0 and model is not None and ctx.free_gpus is not None:

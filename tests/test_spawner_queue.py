@@ -12,6 +12,7 @@ import pytest
 
 from tfdist.kube.queueing import cluster_queues, pending_workloads
 from tfdist.spawner.allocator import ModelAvailability
+from tfdist.spawner.availability import largest_node, node_info
 from tfdist.spawner.form import render_form
 from tfdist.spawner.profiles import parse_profiles
 from tfdist.spawner.validation import OptionsError, UserContext, validate_options
@@ -125,3 +126,29 @@ def test_the_form_shows_free_gpus_and_the_line_and_lets_the_user_queue() -> None
 
     unknown = render_form(CFG, QUEUED, {"h100": ModelAvailability(free=3, total=8, max_on_node=3)})
     assert "(3 free · waits in queue team-a)" in _option(unknown, "queued", "h100")
+
+
+def _node(name: str, gpu: str, n: int, ready: bool = True) -> dict:
+    return {
+        "metadata": {"name": name, "labels": {"gpu": gpu}},
+        "spec": {},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(n)},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def test_more_than_any_node_has_is_refused_even_in_a_queue() -> None:
+    nodes = [
+        node_info(n) for n in (_node("a", "h100", 4), _node("b", "h100", 2), _node("c", "h100", 8, False))
+    ]
+    assert largest_node(nodes, CFG.gpu_models) == {"h100": 4, "a100": 0}
+    ctx = UserContext(**{**QUEUED.__dict__, "largest_node_gpus": {"h100": 4}})
+    assert validate_options(opts("queued", 4), CFG, ctx).gpus == 4
+    with pytest.raises(OptionsError) as e:
+        validate_options(opts("queued", 5), CFG, ctx)  # the queue could hold 5, no node can
+    assert str(e.value) == (
+        "H100: you asked for 5 GPUs, but no node has more than 4 H100 GPUs in all, and a server's GPUs must "
+        "all be on one node, so this server could never start. Ask for at most 4."
+    )
