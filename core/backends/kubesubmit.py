@@ -1,0 +1,248 @@
+"""Submitting a Kubernetes job: the admission checks, the all-or-nothing creation, the detached handover.
+
+Why a module of its own: everything before the job runs is one question, "may it start, and did all of it
+start?". A job its Kueue queue can never hold, or that the namespace's quota cannot admit now, is refused
+before anything is created; the root Job is created suspended, so a refusal half-way (or an interrupted
+cell) rolls back and leaves no pod. A detached job returns only once its pods hold the cell.
+`KubernetesBackend` mixes it in; it needs the backend's state, `_deliver`, `_lifeline`, `_remember`,
+`stop` and `retention`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BackendUnavailable, JobSpecError, TfdistError
+from ..job import detach as dt
+from ..job.vocab import Reason
+from ..jobspec import JobSpec
+from ..kube import allreduce, transport
+from ..kube import manifests as mf
+from ..kube.api_errors import translate
+from ..kube.cluster import KubeApi, job_resources, quota_shortfall
+from ..kube.queueing import job_demand
+from ..kube.queueing_apply import queue_refusal
+from ..settings import Settings
+from .base import Launch
+from .kubework import KubeJob
+
+# a job refused for quota that this user's ending jobs still hold waits this long for them to let go
+QUOTA_RELEASE_WAIT_S = 90.0
+
+
+class KubeSubmit:
+    """The submitting half of `KubernetesBackend`."""
+
+    settings: Settings
+    namespace: str
+    kube: KubeApi
+    _jobs: dict[str, KubeJob]
+    _ended: set[str]
+    node_selector: dict[str, str] | None
+    tolerations: list[dict] | None
+    gpu_resource: str
+    notebook_labels: dict[str, str] | None
+    lifeline_grace_s: float
+
+    if TYPE_CHECKING:
+
+        async def _root(self, name: str) -> dict[str, Any] | None: ...
+        async def _list_pods(self, sel: str) -> dict[str, Any]: ...
+        async def _deliver(self, name: str) -> None: ...
+        async def _lifeline(self, name: str, root: dict[str, Any]) -> None: ...
+        def _remember(self, job: KubeJob, retention_s: float) -> None: ...
+        async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool: ...
+        def retention(self) -> dt.Retention: ...
+
+    async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
+        spec = dataclasses.replace(
+            spec,
+            user=self.settings.user,  # the backend's identity labels the objects, not the caller's word
+            namespace=spec.namespace or self.namespace,
+            image=spec.image or self.settings.worker_image,
+        )
+        if not spec.image:
+            raise JobSpecError(
+                "no image for the job's pods: the server sets TFDIST_WORKER_IMAGE (ask your admin)"
+            )
+        self.namespace = spec.namespace or self.namespace
+        detach = spec.detach
+        try:
+            if await self._root(spec.name) is not None:
+                raise JobSpecError(
+                    f"a job named {spec.name!r} already exists in namespace {spec.namespace!r}: "
+                    f"pick another --name or `%tfdist stop {spec.name}`"
+                )
+        except TfdistError:
+            raise
+        except Exception as exc:
+            raise translate(exc, "Job", spec.name, spec.namespace or "") from None
+        token = secrets.token_urlsafe(32)
+        retention = self.retention().seconds  # the rule it was started under (tfdist.job.detach)
+        # all-reduce (tfdist.kube.allreduce): chief-0 is a replica too (GPUs, placement), no PS Job
+        build: Any = allreduce if spec.strategy == allreduce.STRATEGY else mf
+        placement = (
+            {
+                "node_selector": self.node_selector,
+                "tolerations": self.tolerations,
+                "gpu_resource": self.gpu_resource,
+            }
+            if build is allreduce
+            else {}
+        )
+        root = build.root_job(
+            spec,
+            self._owner(),
+            queue=self.settings.kueue_queue,
+            result_wait_s=retention if detach else None,
+            lifeline_s=None if detach else self.lifeline_grace_s,
+            **placement,
+        )
+        # a job its queue can never hold is refused at once, before the namespace's quota may wait for
+        # this user's ending jobs to let go
+        await self._check_queue(spec, build, root)
+        await self._check_quota(spec)
+        created: list[dict[str, Any]] = []
+        # All or nothing, also when the cell is interrupted half-way (CancelledError): the clean-up is
+        # shielded from the cancellation that triggered it. The root is suspended until the end: no pod
+        # of a job that is refused half-way ever exists.
+        try:
+            root = await self._create_translated(root, spec)
+            created.append(root)
+            owner = mf.root_reference(spec, root["metadata"]["uid"])
+            for obj in build.job_objects(
+                spec,
+                token=token,
+                root=owner,
+                notebook_labels=self.notebook_labels,
+                node_selector=self.node_selector,
+                tolerations=self.tolerations,
+                gpu_resource=self.gpu_resource,
+                queue=self.settings.kueue_queue,
+            ):
+                created.append(await self._create_translated(obj, spec))
+            root["spec"]["suspend"] = False
+            try:
+                root = await self._replace_root(root)
+            except TfdistError:
+                raise
+            except Exception as exc:
+                raise translate(exc, "Job", spec.name, spec.namespace or "") from None
+        except BaseException:
+            await asyncio.shield(self._rollback(created))
+            raise
+        job = KubeJob(
+            spec=spec,
+            token=token,
+            created=time.time(),
+            root_uid=root["metadata"]["uid"],
+            job_uids={o["metadata"]["uid"] for o in created if o["kind"] == "Job"},
+            detach=detach,
+            payload=payload,
+        )
+        self._jobs[spec.name] = job
+        if detach:
+            self._remember(job, retention)
+        job.tasks.append(asyncio.ensure_future(self._deliver(spec.name)))
+        if detach:
+            await self._handed_over(job)
+        else:
+            job.tasks.append(asyncio.ensure_future(self._lifeline(spec.name, root)))
+
+    async def _handed_over(self, job: KubeJob) -> None:
+        """A detached job runs without this kernel only once its pods hold the cell: returning before
+        that lost the job to a kernel that died in the next seconds (its coordinator waited for a payload
+        nobody would send). Failed, past --timeout or interrupted here, the job is stopped, not left."""
+        name, limit = job.spec.name, job.spec.timeout_s + transport.AGENT_GRACE_S
+        try:
+            await asyncio.wait_for(job.delivered.wait(), limit)
+        except TimeoutError:
+            await asyncio.shield(self.stop(name))
+            raise BackendUnavailable(
+                f"job {name!r}: its pods did not take the cell within --timeout {job.spec.timeout_s:g}s + "
+                f"{transport.AGENT_GRACE_S:g}s, so it was stopped (nothing of it is left)"
+            ) from None
+        except BaseException:  # the cell was interrupted: a detached job nobody handed its cell to
+            await asyncio.shield(self.stop(name, Reason.INTERRUPTED))
+            raise
+        if job.delivery_error is not None:
+            err = job.delivery_error
+            await asyncio.shield(self.stop(name))
+            raise err
+
+    async def _create_translated(self, obj: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
+        try:
+            return await self.kube.create(obj)
+        except Exception as exc:
+            raise translate(exc, obj["kind"], obj["metadata"]["name"], spec.namespace or "") from None
+
+    async def _rollback(self, created: list[dict[str, Any]]) -> None:
+        for obj in reversed(created):
+            with contextlib.suppress(Exception):
+                await self.kube.delete(obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"])
+
+    async def _replace_root(self, root: dict[str, Any]) -> dict[str, Any]:
+        return await self.kube.replace_job(root, keep=("suspend", "activeDeadlineSeconds"))
+
+    async def _check_quota(self, spec: JobSpec) -> None:
+        """Refuse, before anything is created, a job that the namespace's ResourceQuota cannot admit now
+        (the quota still binds without this check: the Job controller cannot create the pods).
+
+        A shortfall that this user's own ending jobs hold (pods being deleted: the cell before this one
+        returned its weights a moment ago) is waited out, up to QUOTA_RELEASE_WAIT_S: running two cells in
+        a row must not fail because the first one's pods are still shutting down."""
+        deadline = time.monotonic() + QUOTA_RELEASE_WAIT_S
+        while True:
+            short = await self._quota_shortfall(spec)
+            if short is None:
+                return
+            if time.monotonic() > deadline or not await self._releasing():
+                raise JobSpecError(short)
+            await asyncio.sleep(1.0)
+
+    async def _check_queue(self, spec: JobSpec, build: Any, root: dict[str, Any]) -> None:
+        """Refuse, before anything is created, a job that its Kueue queue can never hold (more than its quota
+        plus what its cohort could ever lend), with the numbers; a job that only has to wait is queued."""
+        queue = self.settings.kueue_queue
+        if not queue:
+            return
+        objects = build.job_objects(
+            spec,
+            token="",
+            node_selector=self.node_selector,
+            tolerations=self.tolerations,
+            gpu_resource=self.gpu_resource,
+            queue=queue,
+        )
+        demand = job_demand([root, *objects])
+        why = await queue_refusal(await self.kube.api(), self.namespace, queue, demand, self.node_selector)
+        if why is not None:
+            raise JobSpecError(why)
+
+    async def _releasing(self) -> bool:
+        """Whether pods of this user's jobs are on their way out (deleted, or of a job this backend ended)."""
+        try:
+            pods = (await self._list_pods(f"{mf.L_USER}={mf.user_label(self.settings.user)}"))["items"]
+        except Exception:
+            return False
+        for p in pods:
+            meta = p.get("metadata") or {}
+            if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue  # a finished pod holds no quota
+            if meta.get("deletionTimestamp") or (meta.get("labels") or {}).get(mf.L_JOB) in self._ended:
+                return True
+        return False
+
+    async def _quota_shortfall(self, spec: JobSpec) -> str | None:
+        quotas = await self.kube.quotas(spec.namespace or self.namespace)
+        return quota_shortfall(job_resources(spec, self.gpu_resource), quotas or [])
+
+    def _owner(self) -> dict[str, Any] | None:
+        if self.settings.pod_name and self.settings.pod_uid:
+            return mf.owner_reference(self.settings.pod_name, self.settings.pod_uid)
+        return None

@@ -1,0 +1,132 @@
+"""Watching a Kubernetes job: its pods' events, its agent's and its place in Kueue's line, merged into one
+stream of records.
+
+Why a module of its own: `watch` only reads (the cluster runs the job). Three sources, each pumped into
+one queue: the pod watch (tfdist.kube.podwatch: scheduling, task states, the verdict), the coordinator's
+agent once the payload is delivered (progress, metrics, logs) and the Kueue line while the job waits. A
+source that dies becomes a failed state, never a cell left waiting; a job that ended without results is
+released at once. `KubernetesBackend` mixes it in; it needs the backend's state, `status`, `stop`,
+`_finish` and `_sampled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from ..job.events import ErrorInfo, Event, MetricsEvent, Reader, SnapshotEvent, StateEvent
+from ..job.vocab import JobState, Reason
+from ..jobview import JobView
+from ..kube.cluster import KubeApi
+from ..kube.podwatch import PodWatch
+from ..kube.queueing_apply import queue_events
+from ..settings import Settings
+from .kubework import KubeJob
+
+
+class KubeWatch:
+    """The watching half of `KubernetesBackend`."""
+
+    settings: Settings
+    namespace: str
+    kube: KubeApi
+    _jobs: dict[str, KubeJob]
+    _ended: set[str]
+
+    if TYPE_CHECKING:
+
+        def _selector(self, name: str) -> str: ...
+        def _ours(self, name: str, pod: dict[str, Any]) -> bool: ...
+        def _finish(self, name: str) -> None: ...
+        def _sampled(self, job: KubeJob, ev: MetricsEvent) -> None: ...
+        async def status(self, name: str) -> JobView: ...
+        async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool: ...
+
+    async def watch(self, name: str) -> AsyncIterator[Event]:
+        """Pod events (scheduling, task states) merged with the coordinator agent's (progress, metrics,
+        logs) once the payload is delivered, as records. Reads only: the cluster runs the job."""
+        view = await self.status(name)
+        yield SnapshotEvent(view=view.to_dict())
+        if view.finished:
+            return
+        q: asyncio.Queue[Event] = asyncio.Queue()
+
+        async def pump(source: AsyncIterator[Any], origin: str, what: str) -> None:
+            said = Reader(origin)  # the pod watch's wire dicts become records here (records pass through)
+            try:
+                async for raw in source:
+                    for ev in said.obj(raw):
+                        await q.put(ev)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never leave the cell waiting on a dead watcher
+                await q.put(
+                    StateEvent(
+                        state=JobState.FAILED,
+                        t=time.time(),
+                        message=f"{what}: {exc}"[:4096],
+                        error=ErrorInfo(type=type(exc).__name__[:200], message=str(exc)[:4096]),
+                    )
+                )
+
+        pods = pump(self._pod_events(name, view), "the job's pods", "lost track of the job's pods")
+        workers = [asyncio.ensure_future(pods)]
+        if name in self._jobs:
+            agent = pump(self._agent_events(name), "the job's agent", "the coordinator")
+            workers.append(asyncio.ensure_future(agent))
+        if name in self._jobs and self.settings.kueue_queue:  # its place in Kueue's line while it waits
+            line = queue_events(await self.kube.api(), self.namespace, name, self.settings.kueue_queue)
+            workers.append(asyncio.ensure_future(pump(line, "Kueue", "lost track of the job's queue")))
+        try:
+            while True:
+                ev = await q.get()
+                final = isinstance(ev, StateEvent) and ev.state.terminal
+                if final and ev.state != JobState.SUCCEEDED:
+                    await self._release(name)
+                    self._finish(name)
+                yield ev
+                if final:
+                    return
+        finally:
+            for w in workers:
+                w.cancel()
+
+    async def _release(self, name: str) -> None:
+        """A job that ended without results: the notebook has its verdict, so its coordinator need not wait
+        (60 s) for the notebook to read it; the root ends now and its TTL frees the rest within seconds."""
+        self._ended.add(name)
+        job = self._jobs.get(name)
+        if job is not None and job.agent is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(job.agent.done(), 10)
+
+    async def _agent_events(self, name: str) -> AsyncIterator[Event]:
+        job = self._jobs[name]
+        await job.delivered.wait()
+        if job.delivery_error is not None:  # the kernel's own verdict: end the job now, not at the deadline
+            err = job.delivery_error
+            await self.stop(name)
+            raise err
+        assert job.agent is not None
+        async for ev in job.agent.events():
+            if isinstance(ev, MetricsEvent):
+                self._sampled(job, ev)
+            yield ev
+
+    def _pod_events(self, name: str, view: JobView) -> AsyncIterator[dict[str, Any]]:
+        job = self._jobs.get(name)
+        return PodWatch(
+            kube=self.kube,
+            namespace=self.namespace,
+            name=name,
+            selector=self._selector(name),
+            ours=lambda pod: self._ours(name, pod),
+            expected=job.spec.task_count if job else view.total_tasks,
+            deadline=(job.created if job else view.created) + (job.spec.timeout_s if job else 600),
+            timeout_s=job.spec.timeout_s if job else 600,
+            on_timeout=(lambda: self.stop(name)) if job is not None else None,
+            strategy=job.spec.strategy if job else view.spec.get("strategy", "ps"),
+        ).events()
