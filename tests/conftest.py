@@ -15,8 +15,10 @@ from tests.kernels import Kernel, job_processes, product_kernel_env
 from tests.unitguard import (  # the unit run's hooks: registered by being names of this conftest
     UNIT_MODULES,
     is_unit,
+    pytest_runtest_call,  # noqa: F401
     pytest_runtest_makereport,  # noqa: F401
-    pytest_runtest_protocol,  # noqa: F401
+    pytest_runtest_setup,  # noqa: F401
+    pytest_runtest_teardown,  # noqa: F401
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -66,6 +66,18 @@ def test_pure():
 
 def test_not_unit():
     subprocess.run(["true"], check=True)
+
+@pytest.fixture(scope="session")
+def cluster():
+    yield
+    subprocess.run(["true"], check=True)  # ends in the last test's teardown, whichever test that is
+
+def test_uses_the_cluster(cluster):
+    pass
+
+@unit
+def test_last_unit():
+    pass
 """
 
 
@@ -89,6 +101,8 @@ def test_the_guard_fails_every_way_out_of_the_process(pytester: pytest.Pytester)
         "test_module_fixture",
     }, outcomes
     assert outcomes["test_pure"] == outcomes["test_not_unit"] == "passed"
+    # the session's fixtures of other tests end in the last test's teardown: not the unit test's doing
+    assert outcomes["test_last_unit"] == "passed", outcomes
     result.stdout.fnmatch_lines(["*the unit run refused: started a process*"])  # the caught one
 
 

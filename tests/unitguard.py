@@ -131,14 +131,35 @@ def install_unit_guard(item: pytest.Item) -> Iterator[None]:
 # ---- the hooks (tests/conftest.py imports them) ------------------------------------------------------------
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """A unit test (and its fixtures, module-scoped ones included) runs with process starts, forks and
-    network listeners refused."""
-    if not is_unit(item):
+@contextlib.contextmanager
+def _guarded(item: pytest.Item, on: bool = True) -> Iterator[None]:
+    if on and is_unit(item):
+        with install_unit_guard(item):
+            yield
+    else:
         yield
-        return
-    with install_unit_guard(item):
+
+
+# A unit test's setup, call and teardown (its fixtures, module-scoped ones included) run with process
+# starts, forks and network listeners refused; not the last test's teardown on a worker, where pytest also
+# ends the session's fixtures of other modules (a cluster the real-node tests brought up).
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _guarded(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _guarded(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    with _guarded(item, on=nextitem is not None):
         yield
 
 
