@@ -93,7 +93,7 @@ def test_up_refuses_a_taken_port_and_starts_nothing():
 def test_build_images_rejects_unknown_images_and_import_without_a_cluster(tmp_path):
     script = str(REPO / "k8s" / "build_images.py")
     r = subprocess.run([sys.executable, script, "job", "gpu"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "unknown image gpu (base, job, notebook)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "unknown image gpu (base, job, notebook, hub, proxy)" in r.stderr, r.stderr
     sock = str(tmp_path / "none.sock")
     r = subprocess.run(
         [sys.executable, script, "base", "--import", "--containerd", sock],

@@ -59,9 +59,19 @@ def test_a_job_on_a_mig_instance_samples_it(tmp_path: Path, monkeypatch) -> None
                     break
             time.sleep(0.5)
         assert view.tasks["worker-0"]["gpus"] == [MIG]
-        # the instance's own memory (its parent's would be 80 GiB, or refused): the slice was sampled. The
-        # record keeps index and numbers only (tfdist.job.events.GpuSample has no uuid or util_missing)
-        assert gpus == [{"index": 0, "util (%)": None, "mem_used (MiB)": 1234.0, "mem_total (MiB)": 9728.0}]
+        # the instance's own memory (its parent's would be 80 GiB, or refused): the slice was sampled, named
+        # as a MIG instance, its utilization unmeasurable there (not a 0), all through the job's wire
+        assert gpus == [
+            {
+                "index": 0,
+                "util (%)": None,
+                "mem_used (MiB)": 1234.0,
+                "mem_total (MiB)": 9728.0,
+                "uuid": MIG,
+                "mig_profile": "1g.10gb",
+                "util_missing": "mig",
+            }
+        ]
         done.write_text("")
         while (
             time.time() < deadline and not (view := loop.run_until_complete(backend.status("mig1"))).finished
