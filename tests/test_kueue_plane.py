@@ -31,6 +31,7 @@ from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
 from tfdist.kube import queueing as q
 from tfdist.kube import queueing_apply as qa
+from tfdist.kube import queueline as ql
 from tfdist.kube import tenancy
 from tfdist.kube.apply import prepare_user_namespace, prepare_user_queues, user_kubeconfig
 from tfdist.settings import from_environ
@@ -271,11 +272,11 @@ async def test_job_larger_than_the_queue_is_refused_with_the_numbers_before_anyt
         "(its quota 8 nvidia.com/gpu + 0 nvidia.com/gpu it may borrow): make the job smaller"
     )
     async with await api_client(kq) as api:
-        caps = q.capacities(await qa.cluster_queues(api), QUEUE)
-    demand = q.job_demand(
+        caps = ql.capacities(await qa.cluster_queues(api), QUEUE)
+    demand = ql.job_demand(
         [mf.root_job(s, None), *mf.job_objects(s, token="t", queue=QUEUE, node_selector=H100)]
     )
-    assert q.refusal(demand, caps, gpu_flavor="h100") == why
+    assert ql.refusal(demand, caps, gpu_flavor="h100") == why
     a = backend(kq, ann)
     try:
         with pytest.raises(JobSpecError) as refused:
@@ -321,8 +322,8 @@ async def test_two_partially_fitting_jobs_never_deadlock(kq):
                 # reservation, or both jobs holding one at once
                 ps = pods(kq, ns, "six")
                 n_bound = sum(bound(p) for p in ps)
-                assert not n_bound or q.is_admitted(wl), f"{ns}: {n_bound} of 4 bound, not admitted"
-                if q.is_admitted(wl):
+                assert not n_bound or ql.is_admitted(wl), f"{ns}: {n_bound} of 4 bound, not admitted"
+                if ql.is_admitted(wl):
                     admitted.append(ns)
                 if n_bound == 4:
                     first = ns
@@ -376,7 +377,7 @@ async def test_a_failed_worker_is_replaced_inside_the_admitted_group(kq):
 
         await until("the replacement worker bound", replaced, timeout=60)
         wl = kq.get(f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ann}/workloads/heal")
-        assert q.is_admitted(wl) and not q.is_finished(wl)
+        assert ql.is_admitted(wl) and not ql.is_finished(wl)
         assert await a.stop("heal")
     finally:
         await a.close()

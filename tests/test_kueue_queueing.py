@@ -12,6 +12,7 @@ import yaml
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
 from tfdist.kube import queueing as q
+from tfdist.kube import queueline as ql
 from tfdist.spawner.profiles import ProfilesFileError, load_profiles, parse_profiles
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,25 +185,25 @@ def test_pod_group_labels_on_every_pod_of_a_job():
 def test_refusal_names_the_numbers_and_a_fitting_job_passes():
     objs = q.cluster_objects(cfg())
     cqs = [o for o in objs if o["kind"] == "ClusterQueue"]
-    caps = q.capacities(cqs, "team-b")
+    caps = ql.capacities(cqs, "team-b")
     gpu_a100 = next(c for c in caps if c.flavor == "a100")
     assert (gpu_a100.nominal, gpu_a100.borrowable) == (4, 0)  # nobody else has a100 quota to lend
     gpu_h100 = next(c for c in caps if c.flavor == "h100")
     assert (gpu_h100.nominal, gpu_h100.borrowable) == (0, 2)  # team-a's 8, but its limit is 2
 
     s = spec(gpus_per_worker=4, workers=2, ps=1, cpu=1.5)
-    demand = q.job_demand([mf.root_job(s, None), *mf.job_objects(s, token="t")])
+    demand = ql.job_demand([mf.root_job(s, None), *mf.job_objects(s, token="t")])
     assert demand == {"nvidia.com/gpu": 8.0, "cpu": 6.0}  # 2 workers x 4 GPUs; 4 pods x 1.5 cores
-    why = q.refusal(demand, caps, gpu_flavor="a100")
+    why = ql.refusal(demand, caps, gpu_flavor="a100")
     assert why is not None and "8 nvidia.com/gpu of a100" in why and "never hold more than 4" in why
     assert "its quota 4" in why
-    assert q.refusal({"nvidia.com/gpu": 4.0}, caps, gpu_flavor="a100") is None
+    assert ql.refusal({"nvidia.com/gpu": 4.0}, caps, gpu_flavor="a100") is None
     # team-a lends h100: 2 of its 8 may go to team-b, no more
-    assert q.refusal({"nvidia.com/gpu": 2.0}, caps, gpu_flavor="h100") is None
-    assert "never hold more than 2" in q.refusal({"nvidia.com/gpu": 3.0}, caps, gpu_flavor="h100")
+    assert ql.refusal({"nvidia.com/gpu": 2.0}, caps, gpu_flavor="h100") is None
+    assert "never hold more than 2" in ql.refusal({"nvidia.com/gpu": 3.0}, caps, gpu_flavor="h100")
     # cpu and memory against the default flavor
-    caps_a = q.capacities(cqs, "team-a")
-    why = q.refusal({"cpu": 40.0}, caps_a)
+    caps_a = ql.capacities(cqs, "team-a")
+    why = ql.refusal({"cpu": 40.0}, caps_a)
     assert why is not None and "40 CPUs" in why and "16 CPUs" in why
 
 
@@ -215,15 +216,15 @@ def test_the_local_queue_carries_its_queues_limits_and_the_job_flavor_comes_from
     flavors = [o for o in objs if o["kind"] == "ResourceFlavor"]
     (lq,) = q.local_queues(c, "u", ["team-b"])
     caps, got_flavors = q.limits_from_annotation(lq)
-    assert caps == q.capacities(cqs, "team-b")
+    assert caps == ql.capacities(cqs, "team-b")
     a100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
-    assert q.flavor_for(got_flavors, a100) == q.flavor_for(flavors, a100) == "a100"
-    assert q.flavor_for(flavors, {**a100, "zone": "x"}) == "a100"  # more selector keys still match
-    assert q.flavor_for(flavors, {"nvidia.com/gpu.product": "other"}) is None
-    assert q.flavor_for(flavors, None) is None
+    assert ql.flavor_for(got_flavors, a100) == ql.flavor_for(flavors, a100) == "a100"
+    assert ql.flavor_for(flavors, {**a100, "zone": "x"}) == "a100"  # more selector keys still match
+    assert ql.flavor_for(flavors, {"nvidia.com/gpu.product": "other"}) is None
+    assert ql.flavor_for(flavors, None) is None
     demand = {"nvidia.com/gpu": 8.0}
-    assert q.refusal(demand, caps, gpu_flavor="a100") == q.refusal(
-        demand, q.capacities(cqs, "team-b"), gpu_flavor="a100"
+    assert ql.refusal(demand, caps, gpu_flavor="a100") == ql.refusal(
+        demand, ql.capacities(cqs, "team-b"), gpu_flavor="a100"
     )
     # a LocalQueue without the annotation, or with one this version cannot read: no pre-check
     assert q.limits_from_annotation({"metadata": {"name": "x"}, "spec": {}}) is None
@@ -254,10 +255,10 @@ def test_position_from_workloads_in_kueue_order():
         wl("later", "u3", "team", "2026-01-01T00:00:09Z"),
         wl("other", "u3", "elsewhere", "2026-01-01T00:00:00Z"),
     ]
-    p = q.position_from_workloads(wls, "mine", "u2")
+    p = ql.position_from_workloads(wls, "mine", "u2")
     assert (p.position, p.ahead, p.queue, p.source, p.admitted) == (3, 2, "team", "workloads", False)
-    assert q.position_from_workloads(wls, "run", "u1").admitted
-    assert q.position_from_workloads(wls, "mine", "u9") is None
+    assert ql.position_from_workloads(wls, "run", "u1").admitted
+    assert ql.position_from_workloads(wls, "mine", "u9") is None
 
 
 def test_position_from_visibility_answer():
@@ -275,9 +276,9 @@ def test_position_from_visibility_answer():
             },
         ]
     }
-    p = q.position_from_visibility(summary, "b", "u2")
+    p = ql.position_from_visibility(summary, "b", "u2")
     assert (p.position, p.ahead, p.queue, p.source) == (2, 1, "t", "visibility")
-    assert q.position_from_visibility(summary, "c", "u2") is None
+    assert ql.position_from_visibility(summary, "c", "u2") is None
 
 
 def test_workload_refusal_reads_kueues_verdict():
@@ -294,8 +295,8 @@ def test_workload_refusal_reads_kueues_verdict():
             ]
         }
     }
-    assert "maximum capacity (4)" in q.workload_refusal(w)
-    assert q.workload_refusal({"status": {"conditions": []}}) is None
+    assert "maximum capacity (4)" in ql.workload_refusal(w)
+    assert ql.workload_refusal({"status": {"conditions": []}}) is None
 
 
 def test_covers_ignores_defaults_and_compares_quantities_by_value():

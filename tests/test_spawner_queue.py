@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from tfdist.kube.queueing import cluster_queues, pending_workloads
+from tfdist.kube.queueing import cluster_queues
+from tfdist.kube.queueline import pending_workloads
 from tfdist.spawner.allocator import ModelAvailability
 from tfdist.spawner.availability import largest_node, node_info
 from tfdist.spawner.form import render_form

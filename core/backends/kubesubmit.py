@@ -25,8 +25,8 @@ from ..kube import allreduce, transport
 from ..kube import manifests as mf
 from ..kube.api_errors import translate
 from ..kube.cluster import KubeApi, job_resources, quota_shortfall
-from ..kube.queueing import job_demand
 from ..kube.queueing_apply import queue_refusal
+from ..kube.queueline import job_demand
 from ..settings import Settings
 from .base import Launch
 from .kubework import KubeJob

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import queueing as q
+from . import queueline as ql
 
 if TYPE_CHECKING:
     from ..spawner.profiles import ProfilesConfig
@@ -118,19 +119,19 @@ async def converge_user(api: Any, cfg: ProfilesConfig, namespace: str, groups: l
 
 
 async def cluster_queues(api: Any) -> list[dict[str, Any]]:
-    """Every ClusterQueue (for tfdist.kube.queueing.capacities: a job's refusal before it is created)."""
+    """Every ClusterQueue (for tfdist.kube.queueline.capacities: a job's refusal before it is created)."""
     return (await _call(api, "GET", _collection("ClusterQueue"))).get("items", [])
 
 
 async def pending_by_queue(api: Any) -> dict[str, int]:
-    """Workloads waiting per ClusterQueue (tfdist.kube.queueing.pending_workloads): one list."""
-    return q.pending_workloads(await cluster_queues(api))
+    """Workloads waiting per ClusterQueue (tfdist.kube.queueline.pending_workloads): one list."""
+    return ql.pending_workloads(await cluster_queues(api))
 
 
 async def queue_refusal(
     api: Any, namespace: str, queue: str, demand: dict[str, float], node_selector: dict[str, str] | None
 ) -> str | None:
-    """Why a job of ``demand`` can never be admitted by its queue (tfdist.kube.queueing.refusal), GPUs
+    """Why a job of ``demand`` can never be admitted by its queue (tfdist.kube.queueline.refusal), GPUs
     counted on the flavor of the job's node selector, or None. The live ClusterQueues and flavors where the
     caller may read them (an admin), else the limits the hub wrote on the user's LocalQueue (A_LIMITS).
     None where neither is there (no Kueue, no LocalQueue): Kueue's Workload then says it once the pods
@@ -140,7 +141,7 @@ async def queue_refusal(
     try:
         cqs = await cluster_queues(api)
         flavors = (await _call(api, "GET", _collection("ResourceFlavor"))).get("items", [])
-        caps = q.capacities(cqs, queue)
+        caps = ql.capacities(cqs, queue)
     except ApiException as exc:
         if exc.status not in (403, 404):
             raise
@@ -154,7 +155,7 @@ async def queue_refusal(
         if got is None:
             return None
         caps, flavors = got
-    return q.refusal(demand, caps, gpu_flavor=q.flavor_for(flavors, node_selector))
+    return ql.refusal(demand, caps, gpu_flavor=ql.flavor_for(flavors, node_selector))
 
 
 async def workload_of(api: Any, namespace: str, group: str) -> dict[str, Any] | None:
@@ -169,7 +170,7 @@ async def workload_of(api: Any, namespace: str, group: str) -> dict[str, Any] | 
         raise
 
 
-async def read_position(api: Any, namespace: str, group: str, queue: str) -> q.QueuePosition | None:
+async def read_position(api: Any, namespace: str, group: str, queue: str) -> ql.QueuePosition | None:
     """A job's place in line: Kueue's visibility API (the LocalQueue's pending workloads, what a user may
     read) where the cluster serves it, else the Workloads this caller can list (all namespaces for an
     admin, else its own). None when its Workload does not exist (yet)."""
@@ -178,13 +179,13 @@ async def read_position(api: Any, namespace: str, group: str, queue: str) -> q.Q
     wl = await workload_of(api, namespace, group)
     if wl is None:
         return None
-    if q.is_admitted(wl):
-        return q.QueuePosition(group, queue, 0, 0, "workloads", admitted=True)
+    if ql.is_admitted(wl):
+        return ql.QueuePosition(group, queue, 0, 0, "workloads", admitted=True)
     try:
         summary = await _call(
             api, "GET", f"{VISIBILITY}/namespaces/{namespace}/localqueues/{queue}/pendingworkloads"
         )
-        pos = q.position_from_visibility(summary, group, namespace)
+        pos = ql.position_from_visibility(summary, group, namespace)
         if pos is not None:
             return pos
     except ApiException as exc:
@@ -196,14 +197,14 @@ async def read_position(api: Any, namespace: str, group: str, queue: str) -> q.Q
         if exc.status != 403:
             raise
         items = (await _call(api, "GET", f"{_BASE}/namespaces/{namespace}/workloads")).get("items", [])
-    return q.position_from_workloads(items, group, namespace)
+    return ql.position_from_workloads(items, group, namespace)
 
 
 @dataclass(frozen=True)
 class PodWait:
     """A pod Kueue has not admitted yet (a GPU notebook server): its place and Kueue's reason."""
 
-    position: q.QueuePosition
+    position: ql.QueuePosition
     reason: str
 
 
@@ -216,9 +217,9 @@ async def pod_wait(api: Any, namespace: str, pod_uid: str) -> PodWait | None:
         (w for w in items if any(o.get("uid") == pod_uid for o in w["metadata"].get("ownerReferences", []))),
         None,
     )
-    if mine is None or q.is_admitted(mine):
+    if mine is None or ql.is_admitted(mine):
         return None
-    pos = q.position_from_workloads(items, mine["metadata"]["name"], namespace)
+    pos = ql.position_from_workloads(items, mine["metadata"]["name"], namespace)
     if pos is None:
         return None
     reason = next(
