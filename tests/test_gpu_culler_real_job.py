@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 from pathlib import Path
@@ -27,7 +26,8 @@ from typing import Any
 import pytest
 
 from tests.hub_fixtures import DOUBLES, RunningHub, start_hub
-from tests.test_hub_gpu_culler import ADMIN_PASSWORD, admin_session, page_rows, server_get, spawn
+from tests.test_hub_gpu_culler import admin_session, hub_extra, page_rows, server_get, spawn
+from tests.test_hub_gpu_culler import write_nvml as write_culler_nvml
 from tfdist.backends.base import Launch
 from tfdist.backends.local import LocalBackend
 from tfdist.jobspec import JobSpec
@@ -57,40 +57,8 @@ IDLE_LIMIT_S = 15.0
 
 
 def write_nvml(path: Path, job_gpu_util: int) -> None:
-    gpus = [
-        {
-            "name": n,
-            "uuid": f"GPU-fake-{i:04d}",
-            "memory_total_mib": 81559,
-            "util": job_gpu_util if i == 2 else 0,
-            "mem_used_mib": 100.0,
-        }
-        for i, n in enumerate(NAMES)
-    ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"gpus": gpus}))
-    tmp.replace(path)
-
-
-def hub_extra(nvml: Path) -> str:
-    # the servers import tfdist as this test does (PYTHONPATH after the double), the double first
-    path = os.pathsep.join(p for p in (str(DOUBLES / "fake_pynvml"), os.environ.get("PYTHONPATH")) if p)
-    return f"""
-from tests.hub_fixtures import free_port as _fp
-from tfdist.hubadmin.hubconfig import enable_gpu_admin
-c.Spawner.environment = {{
-    "PYTHONPATH": {path!r},
-    "TFDIST_FAKE_NVML": {str(nvml)!r},
-    "TFDIST_GPU_ACTIVITY_INTERVAL": "0.5",
-}}
-enable_gpu_admin(c, profiles=c.TfdistLocalSpawner.profiles_file,
-                 public_url=f"http://127.0.0.1:{{c.JupyterHub.port}}", port=_fp(), period_s=1,
-                 local_gpus=True)
-c.JupyterHub.services[-1]["environment"].update(c.Spawner.environment)
-c.JupyterHub.load_roles[0]["scopes"].append("access:services")
-c.SharedPasswordAuthenticator.admin_password = {ADMIN_PASSWORD!r}
-c.Authenticator.admin_users = {{"boss"}}
-"""
+    """Only GPU 2, the job's worker's, is loaded (the servers' own GPUs stay idle)."""
+    write_culler_nvml(path, {"GPU-fake-0002": job_gpu_util})
 
 
 @pytest.fixture
