@@ -28,3 +28,16 @@ def test_a_death_without_a_word_is_said_by_the_caller(tmp_path: Path) -> None:
     assert out.message == "the coordinator was killed (SIGKILL: most often the server's memory limit)"
     assert out.error and out.error["type"] == "CoordinatorExit"
     assert coordinator_outcome(str(tmp_path), 3).message == "the coordinator exited with code 3"
+
+
+def test_a_local_allreduce_chief_that_lost_a_peer_names_it(tmp_path):
+    """The local supervisor's environment names no strategy: the job's does (the raw TF error was shown)."""
+    err = {
+        "type": "UnavailableError",
+        "message": "Graph execution error: Collective ops is aborted by: recvmsg:Connection reset by peer\n"
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:0",
+        "traceback": "",
+    }
+    (tmp_path / "error.json").write_text(json.dumps(err))
+    out = coordinator_outcome(str(tmp_path), 1, strategy="allreduce")
+    assert out.message.startswith("WorkerLost: all-reduce worker worker-0 stopped"), out.message

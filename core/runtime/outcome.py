@@ -23,14 +23,18 @@ class Outcome:
     error: dict[str, Any] | None = None
 
 
-def coordinator_outcome(jobdir: str, code: int | None, ended: str | None = None) -> Outcome:
+def coordinator_outcome(
+    jobdir: str, code: int | None, ended: str | None = None, strategy: str | None = None
+) -> Outcome:
+    """How the coordinator ended. ``strategy``: the job's (the local supervisor's environment has none;
+    a pod's says it)."""
     if code == 0 and os.path.exists(os.path.join(jobdir, "result.bin")):
         return Outcome(JobState.SUCCEEDED, "finished")
     try:
         with open(os.path.join(jobdir, "error.json")) as f:
             err = json.load(f)
         ts = TaskSettings()
-        if ts.strategy == "allreduce":  # chief-0's replica lost a peer: say which
+        if (strategy or ts.strategy) == "allreduce":  # chief-0's replica lost a peer: say which
             from .allreduce import peer_lost
 
             err = peer_lost(err, ts.task or "chief-0") or err

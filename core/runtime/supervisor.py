@@ -333,7 +333,7 @@ class Supervisor:
                 task="chief-0", state=TaskState.EXITED_OK if code == 0 else TaskState.FAILED, exit_code=code
             )
         )
-        out = coordinator_outcome(self.jobdir, code, ended(chief, code))
+        out = coordinator_outcome(self.jobdir, code, ended(chief, code), self.spec.strategy)
         return (out.state, out.message, out.error)
 
     async def _teardown(self, state: str) -> None:
