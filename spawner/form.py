@@ -78,6 +78,9 @@ class _ModelView:
     free_now: int | None = None
     #: the queue can never hold one GPU of this model
     never: bool = False
+    #: the most GPUs of this model a queued server can ever get (the queue's quota plus what it may
+    #: borrow, and the largest node's GPUs): the browser caps the count there, as validation does
+    queue_max: int | None = None
 
     @property
     def fit(self) -> int | None:
@@ -121,6 +124,18 @@ class _ModelView:
         )
         tail = ": your server will start when a GPU frees" if not self.free_now else ""
         return f"{free} · {line}{tail}"
+
+
+def _queue_max(cfg: ProfilesConfig, ctx: UserContext, queue: str, model: str) -> int | None:
+    """What validation accepts at most for a queued server of ``model``: more could never start."""
+    from tfdist.kube.queueing import gpu_capacity
+
+    cap = gpu_capacity(cfg, queue, model)
+    limits = [int(cap.maximum)] if cap is not None else [0]
+    node = (ctx.largest_node_gpus or {}).get(model)
+    if node is not None:
+        limits.append(node)
+    return min(limits)
 
 
 @dataclass
@@ -237,6 +252,7 @@ def render_form(
                     m.queue = queue
                     m.waiting = ctx.queue_waiting.get(queue, 0) if ctx.queue_waiting is not None else None
                     m.never = queue_refusal(cfg, queue, key, 1) is not None
+                    m.queue_max = _queue_max(cfg, ctx, queue, key)
                 view.models.append(m)
             if p.max_gpus_per_user is not None:
                 view.gpu_cap_left = max(p.max_gpus_per_user - ctx.gpus_held_elsewhere, 0)
