@@ -1,19 +1,11 @@
 """The Kubernetes spawner: the tfdist GPU form on KubeSpawner.
 
-What a valid choice becomes (`apply_choice`): ``cpu_guarantee``/``cpu_limit`` (floats, limit = choice x the
-profile's limit_factor), ``mem_guarantee``/``mem_limit`` (int bytes: JupyterHub's ByteSpecification rejects
-"4Gi"), ``extra_resource_limits``/``extra_resource_guarantees`` with the model's GPU resource (equal, as
-Kubernetes requires for extended resources), the model's node selector and tolerations on top of the
-admin's base ones, and the image. Every spawn starts again from the admin's base values, so one spawn's GPU
-request or node selector never sticks to the next (kubespawner#546, #691). The environment gives
-``%%tfdist`` its defaults (tfdist.settings), the pod's own name/UID through the downward API.
-
-Each user gets their own namespace by default (``enable_user_namespaces``): before every start the spawner
-creates or updates it from the user's profile (tfdist.kube.tenancy: quota, limits, the notebook's service
-account and Role, default-deny ingress, default egress (tfdist.kube.egress), the admission policy's
-parameters). A namespace shared by several
-users is possible only by setting ``enable_user_namespaces = False`` explicitly, and is not a security
-boundary (docs/security.md, "Isolation between users").
+What a valid choice becomes on the pod: tfdist.spawner.kube_pod. Each user gets their own namespace by
+default (``enable_user_namespaces``): before every start the spawner creates or updates it from the user's
+profile (tfdist.spawner.kube_tenancy, tfdist.kube.tenancy: quota, limits, the notebook's service account and
+Role, default-deny ingress, default egress (tfdist.kube.egress), the admission policy's parameters). A
+namespace shared by several users is possible only by setting ``enable_user_namespaces = False`` explicitly,
+and is not a security boundary (docs/security.md, "Isolation between users").
 
 kubespawner's own ``profile_list`` is not used; `load_user_options` is a no-op because validation and
 application already happened in ``apply_user_options`` (which, unlike kubespawner's, answers bad REST input
@@ -34,14 +26,14 @@ from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, default, v
 from tfdist import settings
 from tfdist.kube import egress, tenancy
 from tfdist.kube.apply import prepare_user_namespace, prepare_user_queues
-from tfdist.kube.manifests import notebook_pod_labels
 from tfdist.kube.queueing import GATE, L_QUEUE
 
 from .allocator import ModelAvailability
 from .availability import ClusterGpuView
 from .base import GpuFormMixin
-from .profiles import Profile, ProfilesConfig
-from .validation import Choice
+from .kube_pod import KubePodMixin
+from .kube_tenancy import KubeTenancyMixin
+from .profiles import ProfilesConfig
 
 __all__ = ["TfdistKubeSpawner", "shared_gpu_view"]
 
@@ -69,7 +61,7 @@ def shared_gpu_view() -> ClusterGpuView:
     return _view
 
 
-class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
+class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawner):
     """KubeSpawner with the tfdist profiles form, strict validation and live GPU availability."""
 
     worker_image = Unicode(
@@ -170,7 +162,6 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
         }
 
     tfdist_place = "The cluster"
-    _tfdist_base: dict[str, Any] | None = None
 
     async def gpu_availability(self) -> dict[str, ModelAvailability] | None:
         if not self.gpu_availability_enabled:
@@ -207,102 +198,6 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
     async def load_user_options(self) -> None:
         """Nothing left to do: `apply_user_options` validated and applied the choice."""
         await self.tfdist_ensure_applied()
-
-    def tenant_policy(self) -> tenancy.TenantPolicy:
-        """What the user's profile allows, as the user namespace's quota and admission parameters."""
-        cfg = self.tfdist_profiles()
-        choice = self.tfdist_choice
-        profile = cfg.profile(choice.profile) if choice is not None else None
-        if profile is None:  # no valid choice (cannot happen after apply_user_options): allow nothing
-            return tenancy.TenantPolicy(
-                user=self.user.name,
-                namespace=self.namespace,
-                gpu_quota={m.resource: 0 for m in cfg.gpu_models.values()},
-                pods_quota=1,
-                **self._egress_fields(),
-            )
-        quota = {m.resource: 0 for m in cfg.gpu_models.values()}
-        if profile.max_gpus_per_user is not None:
-            for key in profile.gpu_models:
-                quota[cfg.gpu_models[key].resource] = profile.max_gpus_per_user
-        else:  # no per-user cap on the profile's own models
-            for key in profile.gpu_models:
-                quota.pop(cfg.gpu_models[key].resource, None)
-        model_key = (choice.gpu_model if choice else None) or profile.default_model
-        model = cfg.gpu_models.get(model_key) if model_key else None
-        tolerations = list(self._base()["tolerations"])
-        if model is not None:
-            tolerations += [t.as_k8s() for t in model.tolerations if t.as_k8s() not in tolerations]
-        jobs = profile.jobs
-        nb_cpu = profile.cpu.max * profile.cpu.limit_factor
-        nb_mem = profile.memory_gib.max * profile.memory_gib.limit_factor
-        return tenancy.TenantPolicy(
-            user=self.user.name,
-            namespace=self.namespace,
-            gpu_quota=quota,
-            gpu_resource=model.resource if model is not None else "",
-            max_gpus_per_pod=profile.gpus.max if model is not None else 0,
-            node_selector=dict(model.node_selector) if model is not None else {},
-            tolerations=tolerations,
-            required_tolerations=[t.as_k8s() for t in model.tolerations] if model is not None else [],
-            queue=profile.kueue_queue or "",
-            cpu_quota=None if jobs.cpu is None else jobs.cpu + nb_cpu,
-            memory_quota_bytes=None if jobs.memory_gib is None else int((jobs.memory_gib + nb_mem) * 2**30),
-            pods_quota=jobs.pods,
-            jobs_quota=None if jobs.jobs is None else 3 * jobs.jobs,
-            services_quota=None if jobs.jobs is None else 4 * jobs.jobs,
-            secrets_quota=None if jobs.jobs is None else jobs.jobs + 16,
-            pvcs_quota=jobs.volume_claims,
-            storage_quota_bytes=None if jobs.storage_gib is None else int(jobs.storage_gib * 2**30),
-            ephemeral_quota_bytes=None if jobs.local_disk_gib is None else int(jobs.local_disk_gib * 2**30),
-            hub_namespace=self._hub_namespace(),
-            runtime_classes=list(self.allowed_runtime_classes),
-            namespace_labels=self._expand_all(self.user_namespace_labels),
-            namespace_annotations=self._expand_all(self.user_namespace_annotations),
-            **self._egress_fields(),
-        )
-
-    def _egress_fields(self) -> dict[str, Any]:
-        """Where the user namespace's pods may connect beyond it (tfdist.kube.egress): the API server, the
-        hub's API (by address where the hub is not in a pod), the GPU admin's report URL if it is an
-        address, the admin's extra rules."""
-        api = [egress.Endpoint.parse(t) for t in self.egress_api_server]
-        if not api:
-            import os
-
-            own = egress.Endpoint.from_url(self._kube_api_url())
-            if own is not None and own.cidr.split("/")[0] != os.environ.get("KUBERNETES_SERVICE_HOST"):
-                api = [own]
-            else:  # a ClusterIP: the policy sees only the endpoints behind it
-                self.log.warning(
-                    "tfdist: egress_api_server is not set: %%tfdist in user namespaces cannot reach the "
-                    "Kubernetes API server (set it to the endpoints of the `kubernetes` Service)"
-                )
-        hub_url = getattr(self.hub, "api_url", "") or ""
-        hub = [e for e in (egress.Endpoint.from_url(u) for u in (hub_url, self.gpu_admin_report_url)) if e]
-        return {
-            "egress_api_server": tuple(api),
-            "egress_hub": tuple(dict.fromkeys(hub)),
-            "hub_port": egress.url_port(hub_url),
-            "egress_allow": tuple(dict(r) for r in self.egress_allow),
-            "egress_internet": self.egress_internet,
-        }
-
-    def _kube_api_url(self) -> str:
-        """The API server URL the hub's own client uses ("" if unknown)."""
-        try:
-            return str(self.api.api_client.configuration.host or "")
-        except AttributeError:
-            return ""
-
-    def _hub_namespace(self) -> str:
-        import os
-
-        path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-        if os.path.exists(path):
-            with open(path) as f:
-                return f.read().strip()
-        return os.environ.get("POD_NAMESPACE", "")
 
     async def _ensure_namespace(self) -> None:
         """The user's namespace, created or converged on their profile before each start (idempotent).
@@ -353,47 +248,6 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
                 self.user.name,
             )
 
-    def _base(self) -> dict[str, Any]:
-        if self._tfdist_base is None:
-            tol = self.tolerations
-            self._tfdist_base = {
-                "extra_resource_limits": dict(self.extra_resource_limits),
-                "extra_resource_guarantees": dict(self.extra_resource_guarantees),
-                "node_selector": dict(self.node_selector),
-                "tolerations": [tol[k] for k in sorted(tol)] if isinstance(tol, dict) else list(tol),
-            }
-        return self._tfdist_base
-
-    def apply_choice(self, choice: Choice, profile: Profile, cfg: ProfilesConfig) -> None:
-        base = self._base()
-        gpu_resources = {m.resource for m in cfg.gpu_models.values()}
-        self.cpu_guarantee = choice.cpu
-        self.cpu_limit = round(choice.cpu * profile.cpu.limit_factor, 3)
-        self.mem_guarantee = choice.memory_bytes
-        self.mem_limit = int(choice.memory_bytes * profile.memory_gib.limit_factor)
-        limits = {k: v for k, v in base["extra_resource_limits"].items() if k not in gpu_resources}
-        guarantees = {k: v for k, v in base["extra_resource_guarantees"].items() if k not in gpu_resources}
-        node_selector = dict(base["node_selector"])
-        tolerations = list(base["tolerations"])
-        if choice.gpus and choice.gpu_model:
-            model = cfg.gpu_models[choice.gpu_model]
-            limits[model.resource] = str(choice.gpus)
-            guarantees[model.resource] = str(choice.gpus)
-            node_selector.update(model.node_selector)
-            tolerations += [t.as_k8s() for t in model.tolerations if t.as_k8s() not in tolerations]
-        self.extra_resource_limits = limits
-        self.extra_resource_guarantees = guarantees
-        self.node_selector = node_selector
-        self.tolerations = tolerations
-        self.image = choice.image
-        # the label the NetworkPolicy of this user's %%tfdist jobs admits to the coordinator's agent
-        labels = {k: v for k, v in self.extra_labels.items() if k != L_QUEUE}
-        if choice.gpus and profile.kueue_queue and cfg.kueue is not None and self.enable_user_namespaces:
-            # a GPU server waits its turn in the profile's queue like a job (a Workload of one pod, gated
-            # until admitted); never preempted: the ClusterQueues preempt nothing (tfdist.kube.queueing)
-            labels[L_QUEUE] = profile.kueue_queue
-        self.extra_labels = {**labels, **notebook_pod_labels(self.user.name)}
-
     async def progress(self) -> Any:
         """kubespawner's spawn progress, and while a GPU server waits in Kueue's queue its place and Kueue's
         reason every few seconds ("Waiting for a GPU: queued: 2nd in team ...")."""
@@ -440,35 +294,3 @@ class TfdistKubeSpawner(GpuFormMixin, KubeSpawner):
             if msg != said:
                 said = msg
                 await out.put({"message": msg})
-
-    def get_env(self) -> dict[str, Any]:
-        env: dict[str, Any] = super().get_env()
-        choice = self.tfdist_choice
-        env[settings.ENV_BACKEND] = "kubernetes"
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's start-up chatter is not an error in the cell
-        env[settings.ENV_NAMESPACE] = self.namespace
-        env[settings.ENV_WORKER_IMAGE] = self.worker_image or self.image
-        env[settings.ENV_USER] = self.user.name
-        env[settings.ENV_LIFELINE_GRACE_S] = str(self.lifeline_grace_seconds)
-        env[settings.ENV_POD_NAME] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
-        env[settings.ENV_POD_UID] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
-        gpus = choice.gpus if choice is not None else 0
-        env[settings.ENV_GPUS] = str(gpus)
-        if choice is not None and choice.gpu_model:
-            env[settings.ENV_GPU_MODEL] = choice.gpu_model
-            # %%tfdist puts its GPU workers on the same model as this server
-            model = self.tfdist_profiles().gpu_models[choice.gpu_model]
-            env[settings.ENV_GPU_NODE_SELECTOR] = json.dumps(model.node_selector)
-            env[settings.ENV_GPU_TOLERATIONS] = json.dumps([t.as_k8s() for t in model.tolerations])
-            # and asks for the model's resource: a MIG profile's, not nvidia.com/gpu (the admission
-            # policy refuses any other)
-            env[settings.ENV_GPU_RESOURCE] = model.resource
-        if choice is not None:
-            profile = self.tfdist_profiles().profile(choice.profile)
-            if profile is not None and profile.kueue_queue:
-                env[settings.ENV_KUEUE_QUEUE] = profile.kueue_queue
-        if gpus == 0:
-            # with the NVIDIA runtime as the node default, a CUDA image (NVIDIA_VISIBLE_DEVICES=all) would
-            # otherwise see every GPU of the node without having requested one
-            env["NVIDIA_VISIBLE_DEVICES"] = "void"
-        return env

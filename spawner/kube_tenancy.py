@@ -1,0 +1,126 @@
+"""The Kubernetes spawner's tenancy: what a user's profile allows, as their namespace's quota, admission
+parameters and egress (tfdist.kube.tenancy, tfdist.kube.egress).
+
+A mixin of `TfdistKubeSpawner` (tfdist.spawner.kube) apart from its form and queue glue: it reads the
+spawner's traits and turns them into one typed `TenantPolicy`, which the spawner converges before each start.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tfdist.kube import egress, tenancy
+
+__all__ = ["KubeTenancyMixin"]
+
+
+class KubeTenancyMixin:
+    """`tenant_policy` and the addresses it needs; mixed into TfdistKubeSpawner (traits live there)."""
+
+    # set by the spawner classes this mixes into
+    user: Any
+    namespace: str
+    log: Any
+    api: Any
+    hub: Any
+    egress_api_server: list[str]
+    egress_allow: list[dict[str, Any]]
+    egress_internet: bool
+    allowed_runtime_classes: list[str]
+    user_namespace_labels: dict[str, str]
+    user_namespace_annotations: dict[str, str]
+    gpu_admin_report_url: str
+
+    def tenant_policy(self) -> tenancy.TenantPolicy:
+        """What the user's profile allows, as the user namespace's quota and admission parameters."""
+        cfg = self.tfdist_profiles()
+        choice = self.tfdist_choice
+        profile = cfg.profile(choice.profile) if choice is not None else None
+        if profile is None:  # no valid choice (cannot happen after apply_user_options): allow nothing
+            return tenancy.TenantPolicy(
+                user=self.user.name,
+                namespace=self.namespace,
+                gpu_quota={m.resource: 0 for m in cfg.gpu_models.values()},
+                pods_quota=1,
+                **self._egress_fields(),
+            )
+        quota = {m.resource: 0 for m in cfg.gpu_models.values()}
+        if profile.max_gpus_per_user is not None:
+            for key in profile.gpu_models:
+                quota[cfg.gpu_models[key].resource] = profile.max_gpus_per_user
+        else:  # no per-user cap on the profile's own models
+            for key in profile.gpu_models:
+                quota.pop(cfg.gpu_models[key].resource, None)
+        model_key = (choice.gpu_model if choice else None) or profile.default_model
+        model = cfg.gpu_models.get(model_key) if model_key else None
+        tolerations = list(self._base()["tolerations"])
+        if model is not None:
+            tolerations += [t.as_k8s() for t in model.tolerations if t.as_k8s() not in tolerations]
+        jobs = profile.jobs
+        nb_cpu = profile.cpu.max * profile.cpu.limit_factor
+        nb_mem = profile.memory_gib.max * profile.memory_gib.limit_factor
+        return tenancy.TenantPolicy(
+            user=self.user.name,
+            namespace=self.namespace,
+            gpu_quota=quota,
+            gpu_resource=model.resource if model is not None else "",
+            max_gpus_per_pod=profile.gpus.max if model is not None else 0,
+            node_selector=dict(model.node_selector) if model is not None else {},
+            tolerations=tolerations,
+            required_tolerations=[t.as_k8s() for t in model.tolerations] if model is not None else [],
+            queue=profile.kueue_queue or "",
+            cpu_quota=None if jobs.cpu is None else jobs.cpu + nb_cpu,
+            memory_quota_bytes=None if jobs.memory_gib is None else int((jobs.memory_gib + nb_mem) * 2**30),
+            pods_quota=jobs.pods,
+            jobs_quota=None if jobs.jobs is None else 3 * jobs.jobs,
+            services_quota=None if jobs.jobs is None else 4 * jobs.jobs,
+            secrets_quota=None if jobs.jobs is None else jobs.jobs + 16,
+            pvcs_quota=jobs.volume_claims,
+            storage_quota_bytes=None if jobs.storage_gib is None else int(jobs.storage_gib * 2**30),
+            ephemeral_quota_bytes=None if jobs.local_disk_gib is None else int(jobs.local_disk_gib * 2**30),
+            hub_namespace=self._hub_namespace(),
+            runtime_classes=list(self.allowed_runtime_classes),
+            namespace_labels=self._expand_all(self.user_namespace_labels),
+            namespace_annotations=self._expand_all(self.user_namespace_annotations),
+            **self._egress_fields(),
+        )
+
+    def _egress_fields(self) -> dict[str, Any]:
+        """Where the user namespace's pods may connect beyond it (tfdist.kube.egress): the API server, the
+        hub's API (by address where the hub is not in a pod), the GPU admin's report URL if it is an
+        address, the admin's extra rules."""
+        api = [egress.Endpoint.parse(t) for t in self.egress_api_server]
+        if not api:
+            own = egress.Endpoint.from_url(self._kube_api_url())
+            if own is not None and own.cidr.split("/")[0] != os.environ.get("KUBERNETES_SERVICE_HOST"):
+                api = [own]
+            else:  # a ClusterIP: the policy sees only the endpoints behind it
+                self.log.warning(
+                    "tfdist: egress_api_server is not set: %%tfdist in user namespaces cannot reach the "
+                    "Kubernetes API server (set it to the endpoints of the `kubernetes` Service)"
+                )
+        hub_url = getattr(self.hub, "api_url", "") or ""
+        hub = [e for e in (egress.Endpoint.from_url(u) for u in (hub_url, self.gpu_admin_report_url)) if e]
+        return {
+            "egress_api_server": tuple(api),
+            "egress_hub": tuple(dict.fromkeys(hub)),
+            "hub_port": egress.url_port(hub_url),
+            "egress_allow": tuple(dict(r) for r in self.egress_allow),
+            "egress_internet": self.egress_internet,
+        }
+
+    def _kube_api_url(self) -> str:
+        """The API server URL the hub's own client uses ("" if unknown)."""
+        try:
+            return str(self.api.api_client.configuration.host or "")
+        except AttributeError:
+            return ""
+
+    def _hub_namespace(self) -> str:
+        """The hub's own namespace (allowed into the user's): the service account's, else POD_NAMESPACE."""
+        path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+        if os.path.exists(path):
+            with open(path) as f:
+                return f.read().strip()
+        return os.environ.get("POD_NAMESPACE", "")
