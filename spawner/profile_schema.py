@@ -200,6 +200,9 @@ class KueueQueue(_Strict):
     #: GPUs per model it may borrow beyond its own from the cohort's idle quota (None: all that is idle;
     #: 0: never borrows); cpu and memory are borrowed freely
     borrowing_limit_gpus: int | None = Field(None, ge=0, strict=True)
+    #: the users of this queue take turns by what each used lately (Kueue's Admission Fair Sharing between
+    #: their LocalQueues), not by who submitted first; Kueue's Configuration needs ``admissionFairSharing``
+    fair_sharing: bool = Field(False, strict=True)
 
     @model_validator(mode="after")
     def _values(self) -> KueueQueue:

@@ -52,6 +52,15 @@ GATE = "kueue.x-k8s.io/admission"  # the scheduling gate Kueue's pod webhook add
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # waitForPodsReady's timeout: an admitted group whose pods do not all run by then is evicted and requeued
 WAIT_FOR_PODS_READY_S = 300
+# Admission Fair Sharing for the queues that ask for it (admissionScope): a LocalQueue's usage is sampled
+# every second (Kueue's default, 5 min, is for days of jobs, not seconds) and halves in a minute; GPUs
+# only count (cpu and memory in bytes would drown them), so a user who held GPUs lately waits behind one
+# who did not
+FAIR_SHARING: dict[str, Any] = {
+    "usageHalfLifeTime": "60s",
+    "usageSamplingInterval": "1s",
+    "resourceWeights": {"nvidia.com/gpu": 1.0, "cpu": 0.0, "memory": 0.0, "ephemeral-storage": 0.0},
+}
 FRAMEWORKS = ("pod",)
 # Webhooks of an integration that is off: Kueue serves a no-op for most, but v0.17.0's batch/Job webhook
 # ignores that option and panics on every Job (nil queue manager); so they are not installed when it is off
@@ -151,13 +160,19 @@ def with_client_config(obj: dict[str, Any], base_url: str, ca_pem: bytes) -> dic
 
 
 def manager_configuration(
-    *, health_port: int, webhook_port: int, cert_dir: str, wait_for_pods_ready_s: int | None
+    *,
+    health_port: int,
+    webhook_port: int,
+    cert_dir: str,
+    wait_for_pods_ready_s: int | None,
+    fair_sharing: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for a manager outside the cluster: webhook on
     127.0.0.1, its internal certificate management on (off, v0.17.0 reads the metrics certificate from the
     fixed path /etc/kueue/metrics/certs) with the Secret made here (`serving_pki`), no leader election, no
     metrics listener, the pod integration only, and waitForPodsReady (an admitted job whose pods do not all
-    run within the timeout is evicted and requeued, so an admitted group never holds quota it cannot use)."""
+    run within the timeout is evicted and requeued, so an admitted group never holds quota it cannot use),
+    and ``fair_sharing`` as its ``admissionFairSharing`` (what ClusterQueues with an admissionScope use)."""
     cfg: dict[str, Any] = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -178,6 +193,8 @@ def manager_configuration(
         # from the Workloads then (tfdist.kube.queueing.queue_position)
         "featureGates": {"VisibilityOnDemand": False},
     }
+    if fair_sharing:
+        cfg["admissionFairSharing"] = fair_sharing
     if wait_for_pods_ready_s:
         cfg["waitForPodsReady"] = {
             "timeout": f"{wait_for_pods_ready_s}s",
@@ -327,11 +344,13 @@ class KueueProcess:
         bin_dir: Path | None = None,
         *,
         wait_for_pods_ready_s: int | None = WAIT_FOR_PODS_READY_S,
+        fair_sharing: dict[str, Any] | None = FAIR_SHARING,
     ):
         self.plane = plane
         self.bin_dir = bin_dir or kueue_bin_dir()
         self.config_dir = self.bin_dir.parent / "config"
         self.wait_for_pods_ready_s = wait_for_pods_ready_s
+        self.fair_sharing = fair_sharing
         self.start_seconds: float | None = None
         self.crd_seconds: float | None = None
 
@@ -381,6 +400,7 @@ class KueueProcess:
             webhook_port=plane.ports["kueue-webhook"],
             cert_dir=str(d / "certs"),
             wait_for_pods_ready_s=self.wait_for_pods_ready_s,
+            fair_sharing=self.fair_sharing,
         )
         write_private(d / "config.yaml", yaml.safe_dump(cfg))
         self._spawn([f"--config={d / 'config.yaml'}", f"--kubeconfig={plane.kubeconfig}"])

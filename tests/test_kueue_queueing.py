@@ -116,6 +116,18 @@ def test_flavors_queues_cohort_from_the_profiles():
     assert all(o["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "jupyter-tfdist" for o in objs)
 
 
+def test_fair_sharing_is_the_queues_admission_scope_said_either_way():
+    """On: Kueue orders the queue's pending jobs by their users' recent usage; off: said too, so that
+    turning it off changes the live ClusterQueue (converge compares only what is said)."""
+    data = yaml.safe_load(yaml.safe_dump(BASE))
+    data["kueue"]["queues"]["team-a"]["fair_sharing"] = True
+    cqs = by_name(q.cluster_queues(parse_profiles(data)), "ClusterQueue")
+    assert cqs["team-a"]["spec"]["admissionScope"] == {"admissionMode": "UsageBasedAdmissionFairSharing"}
+    assert cqs["team-b"]["spec"]["admissionScope"] == {"admissionMode": "NoAdmissionFairSharing"}
+    off = cqs["team-b"]["spec"]["admissionScope"]
+    assert not q.covers({"admissionScope": off}, cqs["team-a"]["spec"])  # turning it off is a change
+
+
 def test_local_queues_per_user_from_their_profiles():
     c = cfg()
     lqs = q.local_queues(c, "user-x", ["team-a", "team-b"])
@@ -150,6 +162,11 @@ def test_no_kueue_section_means_no_objects_and_queue_is_a_label():
             "unknown key",
         ),
         ({"queues": {}}, "kueue.queues", "at least 1"),
+        (
+            {"queues": {"team-a": {"fair_sharing": "yes"}, "team-b": {}}},
+            "kueue.queues.team-a.fair_sharing",
+            "boolean",
+        ),
     ],
 )
 def test_bad_queue_sections_are_refused_with_the_key(change, key, words):

@@ -43,6 +43,10 @@ A_RETRIABLE = "kueue.x-k8s.io/retriable-in-group"
 # on a LocalQueue: its ClusterQueue's capacities (quota + what it may borrow) for the notebook's refusal
 A_LIMITS = "tfdist.io/queue-limits"
 MANAGED = {"app.kubernetes.io/managed-by": "jupyter-tfdist", "app.kubernetes.io/part-of": "tfdist-queues"}
+# Admission Fair Sharing (ClusterQueue admissionScope): a queue's pending jobs are ordered by how much their
+# LocalQueue (one user's namespace) used lately, decayed over Kueue's usageHalfLifeTime, then by arrival
+FAIR = "UsageBasedAdmissionFairSharing"
+NOT_FAIR = "NoAdmissionFairSharing"
 # "no cap" as a nominal quota (Kueue needs every requested resource covered): far above any cluster
 NO_CAP = {"cpu": "1M", "memory": "1Ei", "ephemeral-storage": "1Ei"}
 
@@ -134,6 +138,8 @@ def cluster_queues(cfg: ProfilesConfig) -> list[dict[str, Any]]:
                     # nothing admitted is ever evicted for another job (notebooks and jobs alike): a
                     # queue that lent its quota gets it back as the borrowers finish
                     "preemption": {"reclaimWithinCohort": "Never", "withinClusterQueue": "Never"},
+                    # said either way, so that turning it off converges too (a missing key is no change)
+                    "admissionScope": {"admissionMode": FAIR if q.fair_sharing else NOT_FAIR},
                 },
             }
         )
