@@ -47,6 +47,7 @@ UNIT_MODULES = frozenset(
         "test_outcome",
         "test_podfold",
         "test_quantity",
+        "test_queuepace",
         "test_restart_policy",
         "test_settings_reference",
         "test_spawner_availability",

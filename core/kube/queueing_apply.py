@@ -10,12 +10,14 @@ the profiles no longer name are deleted. Running it on every hub start and every
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import queueing as q
 from . import queueline as ql
+from .queuepace import QueuePace
 
 if TYPE_CHECKING:
     from ..spawner.profiles import ProfilesConfig
@@ -236,7 +238,8 @@ async def pod_wait(api: Any, namespace: str, pod_uid: str) -> PodWait | None:
 async def queue_events(
     api: Any, namespace: str, group: str, queue: str, every_s: float = 2.0
 ) -> AsyncIterator[Any]:
-    """The job's place in line while it waits: a QueueEvent (tfdist.job.events) whenever it changes; ends
+    """The job's place in line while it waits: a QueueEvent (tfdist.job.events) whenever it changes, with
+    the wait estimated from the line's pace so far (tfdist.kube.queuepace); ends
     once Kueue admits it, and at once where the queue's LocalQueue is not there or the caller may not read
     it or the Workloads (403). A failed read is tried again on the next tick: the queue is news, never a
     reason to fail the job."""
@@ -248,6 +251,7 @@ async def queue_events(
         if exc.status in (403, 404):
             return
     last: tuple[int, int] | None = None
+    pace = QueuePace()  # the estimate: how fast this line has moved since the job joined it
     while True:
         try:
             pos = await read_position(api, namespace, group, queue)
@@ -259,7 +263,9 @@ async def queue_events(
             pos = None
         if pos is not None and pos.admitted:
             return
+        if pos is not None:
+            pace.see(time.time(), pos.position)
         if pos is not None and (pos.position, pos.ahead) != last:
             last = (pos.position, pos.ahead)
-            yield pos.event()
+            yield pos.event().model_copy(update={"wait_s": pace.wait_s(time.time())})
         await asyncio.sleep(every_s)
