@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import tf_config
+from . import preemption
 from .queueline import CPU_RESOURCES, DEFAULT_FLAVOR, GIB, Capacity, _parse_quantity, capacities
 
 if TYPE_CHECKING:
@@ -135,9 +136,8 @@ def cluster_queues(cfg: ProfilesConfig) -> list[dict[str, Any]]:
                     # a job at the head that does not fit yet does not hold back smaller ones behind it
                     "queueingStrategy": "BestEffortFIFO",
                     "resourceGroups": groups,
-                    # nothing admitted is ever evicted for another job (notebooks and jobs alike): a
-                    # queue that lent its quota gets it back as the borrowers finish
-                    "preemption": {"reclaimWithinCohort": "Never", "withinClusterQueue": "Never"},
+                    # a queue takes back what it lent; notebooks last (tfdist.kube.preemption)
+                    "preemption": preemption.policy(),
                     # said either way, so that turning it off converges too (a missing key is no change)
                     "admissionScope": {"admissionMode": FAIR if q.fair_sharing else NOT_FAIR},
                 },

@@ -1,0 +1,100 @@
+"""Who gives GPUs back when a queue wants its lent quota again (issue 25), and how a job learns that it did.
+Pure: the ClusterQueues' preemption policy, the notebook's priority, and a pod's eviction read into a record.
+
+The policy (read from Kueue v0.17.0's scheduler, pkg/scheduler/preemption):
+
+* ``reclaimWithinCohort: Any``: a queue under its own nominal quota takes back what it lent. Kueue then
+  considers only the Workloads of queues that are *borrowing* the resources it needs, orders them evicted
+  first, lower priority first, most recently admitted first, evicts until the newcomer fits and puts back
+  every one it did not need. ``LowerPriority`` would not do: a reclaiming job has a job's priority, the
+  borrowing job too (Kueue wants strictly lower), so a lending queue's jobs would wait for the borrowers.
+* ``withinClusterQueue: Never``: inside one queue nobody is evicted for anybody; the line decides.
+* ``borrowWithinCohort: Never``: a job that must itself borrow never evicts to do so.
+* Notebook servers carry the WorkloadPriorityClass ``tfdist-notebook`` (above every job, which have the
+  default 0): in a borrowing queue its jobs are evicted first and a notebook is put back whenever evicting
+  jobs is enough. What Kueue v0.17.0 cannot say: a queue whose notebooks *alone* exceed its nominal quota
+  (no job left to take) would lose a notebook to ``Any``; docs/queueing.md "Preemption" says so.
+
+An evicted pod group: Kueue's pod integration writes the condition ``TerminationTarget`` (reason
+``WorkloadEvicted``, message "Preempted to accommodate a workload ... due to reclamation within the cohort;
+preemptor path: /<cohort>/<queue>; ...") on every running pod of the group and deletes them all; the
+Workload gets ``Evicted`` (reason ``Preempted``), ``Preempted`` (reason ``InCohortReclamation``), and
+``Requeued`` once no pod runs. `eviction` reads the pod's condition, which the job's pod watch already has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+API_VERSION = "kueue.x-k8s.io/v1beta2"
+L_PRIORITY = "kueue.x-k8s.io/priority-class"  # Kueue reads a Workload's priority class from this label
+NOTEBOOK_PRIORITY = "tfdist-notebook"
+NOTEBOOK_PRIORITY_VALUE = 1000  # above every job (no class: 0)
+MANAGED = {"app.kubernetes.io/managed-by": "jupyter-tfdist", "app.kubernetes.io/part-of": "tfdist-queues"}
+
+C_TERMINATION = "TerminationTarget"  # Kueue's pod condition on a pod it stops (pod_controller.go)
+STOP_EVICTED = "WorkloadEvicted"
+PREEMPTED_PREFIX = "Preempted to accommodate a workload"
+RECLAIM_WORDS = "reclamation within the cohort"  # Kueue's words for InCohortReclamation
+
+
+def policy() -> dict[str, Any]:
+    """Every ClusterQueue's ``spec.preemption``: reclaim what was lent, nothing else (module docstring)."""
+    return {
+        "reclaimWithinCohort": "Any",
+        "withinClusterQueue": "Never",
+        "borrowWithinCohort": {"policy": "Never"},
+    }
+
+
+def priority_classes() -> list[dict[str, Any]]:
+    """The WorkloadPriorityClass the notebook servers name (cluster-scoped, one object)."""
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": NOTEBOOK_PRIORITY, "labels": dict(MANAGED)},
+            "value": NOTEBOOK_PRIORITY_VALUE,
+            "description": "tfdist notebook servers: evicted after every job of a borrowing queue",
+        }
+    ]
+
+
+def notebook_labels() -> dict[str, str]:
+    """The labels a queued notebook server's pod carries beside its queue label (the spawner adds them)."""
+    return {L_PRIORITY: NOTEBOOK_PRIORITY}
+
+
+@dataclasses.dataclass(frozen=True)
+class Preemption:
+    """A job's pods evicted by Kueue: why in Kueue's words, and the queue that took its quota back."""
+
+    reclaimed_by: str  # the ClusterQueue that got its quota back ("" when Kueue did not say)
+    message: str  # Kueue's own sentence
+
+    def sentence(self) -> str:
+        by = f" to give queue {self.reclaimed_by} its quota back" if self.reclaimed_by else ""
+        return f"preempted by Kueue{by}"
+
+
+def _preemptor_queue(message: str) -> str:
+    """The last element of Kueue's "preemptor path: /<cohort>/<queue>" ("" when absent)."""
+    _, sep, rest = message.partition("preemptor path: ")
+    if not sep:
+        return ""
+    path = rest.split(";", 1)[0].strip()
+    return "" if path in ("", "UNKNOWN") else path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def eviction(pod: Mapping[str, Any]) -> Preemption | None:
+    """The preemption a pod's ``TerminationTarget`` condition says, or None (not stopped by Kueue, or
+    stopped for another reason: the Workload deleted, not admitted)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") != C_TERMINATION or c.get("status") != "True":
+            continue
+        message = str(c.get("message") or "")
+        if c.get("reason") == STOP_EVICTED and message.startswith(PREEMPTED_PREFIX):
+            return Preemption(reclaimed_by=_preemptor_queue(message), message=message)
+    return None
