@@ -789,8 +789,10 @@ def node_ready(plane: kube_plane.ControlPlane) -> bool:
     return bool(node) and kube_plane.node_usable(node)
 
 
-def up(build: bool = True) -> dict:
-    """Start everything (idempotent: a healthy cluster is left as it is); returns the state."""
+def up(build: bool = True, kueue: bool = False) -> dict:
+    """Start everything (idempotent: a healthy cluster is left as it is); returns the state. ``kueue``:
+    also Kueue's manager with its CRDs and admission webhooks (`scripts/cluster up --kueue`), started on a
+    healthy cluster that runs without it."""
     if os.geteuid() != 0:
         raise ClusterError(
             "must run as root (containerd, the kubelet and iptables need it): sudo scripts/cluster up"
@@ -800,6 +802,8 @@ def up(build: bool = True) -> dict:
         st = status()
         if st["healthy"]:
             log("already up")
+            if kueue and not kueue_running(state):
+                state = start_kueue_recorded(state)
             return state
         dead = ", ".join(n for n, ok in st["components"].items() if not ok) or "machine changes"
         log(f"found a half-started cluster ({dead} not running): taking it down first")
@@ -897,6 +901,13 @@ def up(build: bool = True) -> dict:
             procs,
             log="kube-router",
         )
+        if kueue:
+            t = time.monotonic()
+            k = start_kueue_on(plane)
+            pid = plane.procs["kueue"].pid
+            procs.append(Proc("kueue", pid, proc_start(pid) or "", str(k.bin_dir / "kueue")))
+            save_state({**state, "network": True, "procs": [p.__dict__ for p in procs]})
+            timings["kueue"] = time.monotonic() - t
     except BaseException as e:
         known = isinstance(e, ClusterError | kube_plane.ControlPlaneError)
         log(f"up failed, undoing what it did: {e if known else repr(e)}")
@@ -919,6 +930,76 @@ def up(build: bool = True) -> dict:
     save_state(state)
     log(f"up in {state['up_seconds']} s ({', '.join(f'{k} {v:.1f}s' for k, v in timings.items())})")
     return state
+
+
+# ---------------------------------------------------------------------------------------------- Kueue
+# Kueue's manager as a host process against the node's API server (tests/kueue_proc.py, the kwok plane's
+# code): its CRDs, its webhook configurations calling https://127.0.0.1:<port>, a Configuration with the
+# pod integration only. `up --kueue` records it with the cluster's processes (down ends it); the realnode
+# Kueue tests start one of their own for their module (start_kueue) and stop it after (stop_kueue).
+
+
+def kueue_host(state: dict, *, detach: bool) -> kube_plane.ControlPlane:
+    """The running cluster as the plane KueueProcess expects: its API server and admin credentials, the
+    plane's workdir for Kueue's files and log, ports from the real node's block. `detach`: the process
+    outlives this one (`up --kueue`); else it dies with it."""
+    c = _client(state)
+    c.workdir = STATE / "plane"
+    c.procs = {}
+    c.ports = {}
+    c.port_block = kube_plane.REALNODE_PORTS
+    c.detach = detach
+    return c
+
+
+def start_kueue_on(plane: kube_plane.ControlPlane, timeout: float = 180):
+    """KueueProcess(plane) started: returns once a queued pod really gets Kueue's gate."""
+    from tests.kueue_proc import KueueProcess
+
+    return KueueProcess(plane).start(timeout=timeout)
+
+
+def kueue_running(state: dict) -> bool:
+    """Whether `up --kueue` started a Kueue manager that still runs."""
+    return any(p.name == "kueue" and alive(p) for p in recorded_procs(state))
+
+
+def start_kueue_recorded(state: dict) -> dict:
+    """Kueue on an already healthy cluster, recorded as one of its processes (`up --kueue` again)."""
+    t = time.monotonic()
+    host = kueue_host(state, detach=True)
+    k = start_kueue_on(host)
+    pid = host.procs["kueue"].pid
+    state["procs"] = [
+        *state.get("procs", []),
+        Proc("kueue", pid, proc_start(pid) or "", str(k.bin_dir / "kueue")).__dict__,
+    ]
+    state.setdefault("timings", {})["kueue"] = round(time.monotonic() - t, 2)
+    save_state(state)
+    log(f"kueue up in {state['timings']['kueue']} s")
+    return state
+
+
+def start_kueue(state: dict):
+    """A Kueue manager for one test module (dies with the test process): (KueueProcess, seconds)."""
+    t = time.monotonic()
+    k = start_kueue_on(kueue_host(state, detach=False))
+    return k, time.monotonic() - t
+
+
+def stop_kueue(state: dict, k) -> None:
+    """End the module's Kueue and remove its webhook configurations (failurePolicy Fail: with the manager
+    gone, they would refuse every pod the other tests create). Its CRDs stay (a next start is faster)."""
+    k.stop()
+    c = _client(state)
+    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        listed = c.get(f"/apis/admissionregistration.k8s.io/v1/{kind}") or {"items": []}
+        for wh in listed["items"]:
+            if wh["metadata"]["name"].startswith("kueue-"):
+                with contextlib.suppress(urllib.error.HTTPError):
+                    c.request(
+                        "DELETE", f"/apis/admissionregistration.k8s.io/v1/{kind}/{wh['metadata']['name']}"
+                    )
 
 
 def clean_containers() -> None:
@@ -1003,6 +1084,8 @@ def status() -> dict:
     rec = {p.name: p for p in recorded_procs(state)}
     for name in COMPONENTS:
         comps[name] = name in rec and alive(rec[name])
+    if "kueue" in rec:  # up --kueue
+        comps["kueue"] = alive(rec["kueue"])
     result = {"components": comps, "network": bool(state.get("network")), "node_ready": False}
     if comps.get("kube-apiserver"):
         with contextlib.suppress(Exception):
@@ -1369,7 +1452,7 @@ def private_stdout() -> None:
         ) from e
 
 
-USAGE = "usage: scripts/cluster up|down|status|hub, or scripts/cluster user NAME"
+USAGE = "usage: scripts/cluster up|down|status|hub (up --kueue: with Kueue), or scripts/cluster user NAME"
 
 
 def main(argv: list[str]) -> int:
@@ -1401,6 +1484,9 @@ def main(argv: list[str]) -> int:
             print(f"cluster: {e}", file=sys.stderr)
             return 1
         return 0
+    kueue = argv == ["up", "--kueue"]
+    if kueue:
+        argv = ["up"]
     if len(argv) != 1 or argv[0] not in ("up", "down", "status"):
         print(f"{USAGE}\n  unknown or missing verb: {' '.join(argv) or '(none)'}", file=sys.stderr)
         return 2
@@ -1410,7 +1496,7 @@ def main(argv: list[str]) -> int:
             raise ClusterError(f"must run as root (containerd, the kubelet and iptables need it): {verb}")
         with locked():
             if verb == "up":
-                state = up()
+                state = up(kueue=kueue)
                 sys.stdout.write(eval_lines(state))
             elif verb == "down":
                 r = down()
