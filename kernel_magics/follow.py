@@ -7,19 +7,21 @@ finding a detached one) stays in `magics`. `TfdistMagics` mixes it in.
 
 from __future__ import annotations
 
+import os
 import queue
 import time
 from typing import Any
 
 from IPython.display import Image, display
 
-from .. import payload
+from .. import datamounts, payload
 from ..aio import Portal
 from ..backends.base import Backend
 from ..errors import JobFailed
 from ..events import LogEvent
 from ..job.vocab import JobState
 from ..jobview import JobView
+from ..settings import Settings
 from .monitor import static_png
 from .stall import StallWatch
 
@@ -31,6 +33,7 @@ class JobFollower:
 
     shell: Any
     portal: Portal
+    settings: Settings
     _pumps: set[Any]
     _events: queue.Queue
 
@@ -131,6 +134,16 @@ class JobFollower:
                 print(f"tfdist: {name!r} did not come back: {why}")
             return
         err = view.error or {}
+        # a path only the notebook has (not on the pods' data volumes): say so, not TF's bare NotFoundError
+        missing = datamounts.missing_data_path(
+            err,
+            exists=os.path.exists,
+            mounts=self.settings.data_volumes,
+            backend=backend.name,
+            cwd=os.getcwd(),
+        )
+        if missing is not None:
+            raise datamounts.DataPathMissing(missing, view.name, err.get("traceback", ""))
         raise JobFailed(
             f"job {view.name} {view.state}: {view.message}",
             remote_traceback=err.get("traceback", ""),

@@ -31,6 +31,7 @@ from tfdist.kube.queueing import GATE, L_QUEUE
 from .allocator import ModelAvailability
 from .availability import ClusterGpuView
 from .base import GpuFormMixin
+from .kube_data import data_claims_refusal
 from .kube_pod import KubePodMixin
 from .kube_tenancy import KubeTenancyMixin
 from .profiles import ProfilesConfig
@@ -196,8 +197,23 @@ class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawne
         return counts
 
     async def load_user_options(self) -> None:
-        """Nothing left to do: `apply_user_options` validated and applied the choice."""
+        """`apply_user_options` validated and applied the choice; in a shared namespace the data claims
+        are checked here (in user namespaces `_ensure_namespace` does, once the namespace is there)."""
         await self.tfdist_ensure_applied()
+        if not self.enable_user_namespaces:
+            await self._check_data_claims()
+
+    async def _check_data_claims(self) -> None:
+        """Refuse the spawn, before its pod and home claim exist, when a data volume's claim is missing or
+        cannot be shared (tfdist.spawner.kube_data)."""
+        choice = self.tfdist_choice
+        profile = self.tfdist_profiles().profile(choice.profile) if choice is not None else None
+        if profile is None or not profile.data_volumes:
+            return
+        why = await data_claims_refusal(self.api, self.namespace, profile.data_mounts)
+        if why is not None:
+            self.log.error("tfdist: %s: %s", self.user.name, why)
+            raise web.HTTPError(409, why)
 
     async def _ensure_namespace(self) -> None:
         """The user's namespace, created or converged on their profile before each start (idempotent).
@@ -210,6 +226,7 @@ class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawne
             self.log.error("tfdist: %s", e)
             raise web.HTTPError(409, str(e)) from None
         await self._converge_queues()
+        await self._check_data_claims()
 
     async def _converge_queues(self) -> None:
         """Kueue's objects as the profiles' ``kueue:`` section says (tfdist.kube.queueing_apply): the

@@ -14,14 +14,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tfdist import settings
-from tfdist.kube.manifests import notebook_pod_labels
+from tfdist import datamounts, settings
+from tfdist.kube.manifests import data_volume_parts, notebook_pod_labels
 from tfdist.kube.queueing import L_QUEUE
 
 from .profiles import Profile, ProfilesConfig
 from .validation import Choice
 
 __all__ = ["KubePodMixin"]
+
+
+def _listed(value: Any) -> list[Any]:
+    """KubeSpawner's volumes and volume_mounts: a list, or a dict whose keys only order the entries."""
+    return [value[k] for k in sorted(value)] if isinstance(value, dict) else list(value)
 
 
 class KubePodMixin:
@@ -34,6 +39,8 @@ class KubePodMixin:
         if self._tfdist_base is None:
             tol = self.tolerations
             self._tfdist_base = {
+                "volumes": _listed(self.volumes),
+                "volume_mounts": _listed(self.volume_mounts),
                 "extra_resource_limits": dict(self.extra_resource_limits),
                 "extra_resource_guarantees": dict(self.extra_resource_guarantees),
                 "node_selector": dict(self.node_selector),
@@ -63,6 +70,10 @@ class KubePodMixin:
         self.node_selector = node_selector
         self.tolerations = tolerations
         self.image = choice.image
+        # the profile's data volumes, where every pod of this server's jobs mounts them too (get_env)
+        volumes, mounts = data_volume_parts(profile.data_mounts)
+        self.volumes = [*base["volumes"], *volumes]
+        self.volume_mounts = [*base["volume_mounts"], *mounts]
         # the label the NetworkPolicy of this user's %%tfdist jobs admits to the coordinator's agent
         labels = {k: v for k, v in self.extra_labels.items() if k != L_QUEUE}
         if choice.gpus and profile.kueue_queue and cfg.kueue is not None and self.enable_user_namespaces:
@@ -97,6 +108,8 @@ class KubePodMixin:
             profile = self.tfdist_profiles().profile(choice.profile)
             if profile is not None and profile.kueue_queue:
                 env[settings.ENV_KUEUE_QUEUE] = profile.kueue_queue
+            if profile is not None and profile.data_volumes:
+                env[settings.ENV_DATA_VOLUMES] = datamounts.dump(profile.data_mounts)
         if gpus == 0:
             # with the NVIDIA runtime as the node default, a CUDA image (NVIDIA_VISIBLE_DEVICES=all) would
             # otherwise see every GPU of the node without having requested one

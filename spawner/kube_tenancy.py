@@ -83,6 +83,7 @@ class KubeTenancyMixin:
             runtime_classes=list(self.allowed_runtime_classes),
             namespace_labels=self._expand_all(self.user_namespace_labels),
             namespace_annotations=self._expand_all(self.user_namespace_annotations),
+            data_volumes=profile.data_mounts,
             **self._egress_fields(),
         )
 

@@ -15,12 +15,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tfdist.datamounts import DataMount
 from tfdist.hubadmin.config import GpuAdmin
 from tfdist.spawner.mig import check_mig_resource
+
+from .profile_volumes import DataVolume, distinct_volumes
 
 __all__ = [
     "ANY_GROUP",
     "CustomImage",
+    "DataVolume",
     "FloatRange",
     "GpuModel",
     "ImageChoice",
@@ -37,6 +41,7 @@ __all__ = [
 ANY_GROUP = "*"
 
 _SLUG = r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?"
+
 # Kubernetes extended resource name: domain-prefixed, e.g. nvidia.com/gpu or nvidia.com/mig-1g.10gb
 _RESOURCE = r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"
 
@@ -255,6 +260,18 @@ class Profile(_Strict):
     kueue_queue: str | None = None
     #: Kubernetes: the quota of the user's jobs (CPU, memory, pods), enforced by the user namespace's quota
     jobs: JobLimits = Field(default_factory=JobLimits)
+    #: Kubernetes: shared data volumes mounted in the notebook and every pod of its jobs (DataVolume)
+    data_volumes: list[DataVolume] = Field(default_factory=list)
+
+    @field_validator("data_volumes")
+    @classmethod
+    def _volumes(cls, v: list[DataVolume]) -> list[DataVolume]:
+        distinct_volumes(v)
+        return v
+
+    @property
+    def data_mounts(self) -> tuple[DataMount, ...]:
+        return tuple(v.record() for v in self.data_volumes)
 
     @field_validator("images", mode="before")
     @classmethod

@@ -134,6 +134,8 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "requiredTolerations": "nvidia.com/gpu|Exists||NoSchedule",
         "queue": "ml-team",
         "runtimeClasses": "",
+        "dataClaims": "",
+        "readOnlyClaims": "",
     }
     assert objs[4]["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
     assert objs[6]["metadata"]["name"] == "tfdist-default-egress"  # tests/test_k8s_egress.py

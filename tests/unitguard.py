@@ -31,6 +31,7 @@ UNIT_MODULES = frozenset(
         "test_advisor_choice",
         "test_agent_log",
         "test_build_images_cache",
+        "test_data_volumes",
         "test_gpu_activity",
         "test_gpu_admin_report",
         "test_history",

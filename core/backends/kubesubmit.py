@@ -103,6 +103,9 @@ class KubeSubmit:
             lifeline_s=None if detach else self.lifeline_grace_s,
             **placement,
         )
+        # every pod of the job mounts the profile's data volumes where the notebook has them
+        data = self.settings.data_volumes
+        mf.with_data_volumes(root, data)
         # a job its queue can never hold is refused at once, before the namespace's quota may wait for
         # this user's ending jobs to let go
         await self._check_queue(spec, build, root)
@@ -125,7 +128,7 @@ class KubeSubmit:
                 gpu_resource=self.gpu_resource,
                 queue=self.settings.kueue_queue,
             ):
-                created.append(await self._create_translated(obj, spec))
+                created.append(await self._create_translated(mf.with_data_volumes(obj, data), spec))
             root["spec"]["suspend"] = False
             try:
                 root = await self._replace_root(root)

@@ -33,6 +33,7 @@ from ..settings import (
     ENV_TOKEN,
     KernelSettings,
 )
+from .datavolumes import data_volume_parts, with_data_volumes  # noqa: F401 (the job's data volumes)
 from .queueing import with_pod_group
 
 TF_PORT = 2222

@@ -15,10 +15,12 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ..datamounts import DataMount
 from .fields import SettingsError
 from .groups import LIFELINE_GRACE_MAX_S, LIFELINE_GRACE_MIN_S, LIFELINE_GRACE_S
 from .names import (
     ENV_BACKEND,
+    ENV_DATA_VOLUMES,
     ENV_GPU_NODE_SELECTOR,
     ENV_GPU_RESOURCE,
     ENV_GPU_TOLERATIONS,
@@ -89,6 +91,12 @@ class Settings(BaseSettings):
         validation_alias=ENV_GPU_RESOURCE,
         description="Extended resource of the GPU model (`nvidia.com/mig-1g.10gb`, ...); unset: whole GPUs.",
     )
+    data_volumes: tuple[DataMount, ...] = Field(
+        (),
+        validation_alias=ENV_DATA_VOLUMES,
+        description="JSON list of {claim, mount, read_only}: the profile's data volumes, which every pod "
+        "of the server's jobs mounts where the notebook has them; unset: none.",
+    )
     user: str = Field(
         "user",
         validation_alias=AliasChoices(ENV_USER, "JUPYTERHUB_USER", "USER"),
@@ -118,7 +126,7 @@ class Settings(BaseSettings):
         # the spawner writes "" for "not given"; an unset field must then fall to its default or next alias
         return {k: v for k, v in data.items() if v != ""} if isinstance(data, dict) else data
 
-    @field_validator("gpu_node_selector", "gpu_tolerations", mode="before")
+    @field_validator("gpu_node_selector", "gpu_tolerations", "data_volumes", mode="before")
     @classmethod
     def _json(cls, v: Any) -> Any:
         return json.loads(v) if isinstance(v, str) else v
