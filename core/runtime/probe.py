@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -113,12 +114,19 @@ def _batch_size(batch: Any) -> int:
     return int(first.shape[0])
 
 
-def time_steps(model: Any, dataset: Any) -> tuple[float, int, float]:
-    """Median step time of the model's own train step on batches of `dataset`, steps timed, cores used."""
+def warm_steps(model: Any, dataset: Any) -> tuple[Any, Any]:
+    """The model's own train step and its input, run WARMUP_STEPS times untimed (the first traces it):
+    a model or data that fit cannot take fails here."""
     it = iter(dataset.repeat())  # a tf.data iterator, as fit passes it (input time included, as in fit)
     fn = model.make_train_function(force=True)
-    for _ in range(WARMUP_STEPS):  # the first traces the step function
+    for _ in range(WARMUP_STEPS):
         fn(it)
+    return fn, it
+
+
+def time_steps(model: Any, dataset: Any, warmed: tuple[Any, Any] | None = None) -> tuple[float, int, float]:
+    """Median step time of the model's own train step on batches of `dataset`, steps timed, cores used."""
+    fn, it = warmed or warm_steps(model, dataset)
     times: list[float] = []
     cpu0, wall0 = time.process_time(), time.perf_counter()
     t_end = time.perf_counter() + MAX_MEASURE_S
@@ -133,9 +141,15 @@ def time_steps(model: Any, dataset: Any) -> tuple[float, int, float]:
     return times[len(times) // 2], len(times), round(cores_used, 2)
 
 
-def measure(model: Any, dataset: Any, split: int = 1) -> ProbeResult:
+def measure(
+    model: Any, dataset: Any, split: int = 1, before_timing: Callable[[], None] = lambda: None
+) -> ProbeResult:
+    """The fit's steps, timed once `before_timing` returned (the tracing before it is not timed: it
+    overlaps the all-reduce workers' start, and a fit that cannot run fails without waiting for them)."""
     batch = _batch_size(next(iter(dataset.take(1))))
-    step_s, timed, cores = time_steps(model, dataset)
+    warmed = warm_steps(model, dataset)
+    before_timing()
+    step_s, timed, cores = time_steps(model, dataset, warmed)
     split_step: list[tuple[int, float]] = []
     if split > 1 and batch // split >= 1:  # all-reduce runs the cell's batch split over the replicas
         per_replica = batch // split
@@ -186,11 +200,14 @@ def _probe(bundle_path: str, out_path: str, split: int, collective: Collective) 
         namespace["tfdist_strategy"] = tf.distribute.get_strategy()  # as the job's cell sees one
         caught = catch_fit(bundle.source, bundle.line_offset, namespace)
         dataset, steps, epochs = fit_dataset(caught)
-        try:  # its imports would slow the model's steps
-            collective.wait_ready()
-        except RuntimeError:
-            pass  # said below, where its costs are measured
-        result = measure(caught.model, dataset, split)
+
+        def collective_up() -> None:
+            try:  # its imports would slow the model's timed steps
+                collective.wait_ready()
+            except RuntimeError:
+                pass  # said below, where its costs are measured
+
+        result = measure(caught.model, dataset, split, before_timing=collective_up)
         result.steps_per_epoch, result.epochs = steps, epochs
     except Exception as exc:
         with open(out_path, "w") as f:
