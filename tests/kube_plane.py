@@ -138,6 +138,10 @@ def private_dir(path: str | os.PathLike) -> Path:
     return d
 
 
+# the aggregation layer's client certificate's name: the only one an extension API server takes headers from
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
 def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
     """Two CAs and what they sign, every file 0600 in a 0700 directory:
 
@@ -147,6 +151,10 @@ def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
       client certificate etcd accepts, the API server's. A separate CA, so that no certificate the cluster
       CA signs (a kubelet's, kube-proxy's) opens etcd: with client-certificate auth etcd admits any
       certificate of the CA it trusts, as an etcd root.
+    - ``front-proxy-ca``: the aggregation layer's CA, trusted for nothing but the request headers of a
+      proxied call (``--requestheader-client-ca-file``). It signs ``front-proxy-client``, the certificate the
+      API server presents to an extension API server (Kueue's visibility server) with the caller's identity
+      in ``X-Remote-*`` headers. Its own CA, so that no cluster-CA certificate can assert a user that way.
     - the service-account signing key pair (EC P-256)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -242,6 +250,9 @@ def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
         etcd_ca_key, etcd_ca, "kube-apiserver-etcd-client", [ExtendedKeyUsageOID.CLIENT_AUTH]
     )
 
+    fp_ca_key, fp_ca = make_ca("tfdist-front-proxy-ca")
+    fp_key, fp = issue(fp_ca_key, fp_ca, FRONT_PROXY_CLIENT, [ExtendedKeyUsageOID.CLIENT_AUTH])
+
     sa_key = ec.generate_private_key(ec.SECP256R1())
     files = {
         "ca.crt": pem(ca),
@@ -254,6 +265,10 @@ def _write_pki(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
         "etcd-server.key": key_pem(etcd_key),
         "apiserver-etcd-client.crt": pem(etcd_client),
         "apiserver-etcd-client.key": key_pem(etcd_client_key),
+        "front-proxy-ca.crt": pem(fp_ca),
+        "front-proxy-ca.key": key_pem(fp_ca_key),
+        "front-proxy-client.crt": pem(fp),
+        "front-proxy-client.key": key_pem(fp_key),
         "sa.key": key_pem(sa_key),
         "sa.pub": sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -658,6 +673,19 @@ class ControlPlane:
                 "--allow-privileged=true",
                 f"--cert-dir={pki}",
                 "--profiling=false",
+                # The aggregation layer (an APIService such as Kueue's visibility API): the API server
+                # proxies to the extension with the front-proxy client certificate and the caller's
+                # identity in these headers; it publishes the CA and names in kube-system's
+                # extension-apiserver-authentication, where the extension reads them. It dials the
+                # Service's endpoint directly (no kube-proxy on a kwok plane)
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                "--enable-aggregator-routing=true",
             ],
             "kube-controller-manager": [
                 f"--kubeconfig={kcm_kc}",
@@ -667,8 +695,8 @@ class ControlPlane:
                 f"--secure-port={p['kube-controller-manager']}",
                 f"--cert-dir={d / 'kcm-certs'}",
                 "--leader-elect=false",
-                # Don't read the requestheader CA from kube-system/extension-apiserver-authentication: this
-                # apiserver has none, and the lookup would log "missing content for CA bundle" forever.
+                # Don't read the requestheader CA from kube-system/extension-apiserver-authentication:
+                # nothing proxies to the controller-manager, so it needs none.
                 "--authentication-skip-lookup=true",
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",

@@ -18,10 +18,13 @@ batch/Job integration would manage each of its Jobs on its own (docs/queueing.md
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import datetime
+import fcntl
 import ipaddress
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -62,6 +65,16 @@ FAIR_SHARING: dict[str, Any] = {
     "resourceWeights": {"nvidia.com/gpu": 1.0, "cpu": 0.0, "memory": 0.0, "ephemeral-storage": 0.0},
 }
 FRAMEWORKS = ("pod",)
+# Kueue's visibility API (the place in line a user may read): the release's names. v0.17.0's server reads
+# its serving certificate from this fixed path (it writes a self-signed one for localhost there if none is
+# readable: the tests run as root, so it may); the API server verifies it against the APIService's caBundle
+# as VISIBILITY_DNS, so the one made here (`visibility_cert`) names that and is kept by Kueue
+VISIBILITY_DIR = Path("/visibility")
+VISIBILITY_SERVICE = "kueue-visibility-server"
+VISIBILITY_DNS = f"{VISIBILITY_SERVICE}.{KUEUE_NS}.svc"
+VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
+VISIBILITY_VERSION = "v1beta2"
+APISERVICE = f"{VISIBILITY_VERSION}.{VISIBILITY_GROUP}"
 # Webhooks of an integration that is off: Kueue serves a no-op for most, but v0.17.0's batch/Job webhook
 # ignores that option and panics on every Job (nil queue manager); so they are not installed when it is off
 WEBHOOKS_OF = {"batch/job": ("mjob.kb.io", "vjob.kb.io")}
@@ -166,13 +179,15 @@ def manager_configuration(
     cert_dir: str,
     wait_for_pods_ready_s: int | None,
     fair_sharing: dict[str, Any] | None = None,
+    visibility: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for a manager outside the cluster: webhook on
     127.0.0.1, its internal certificate management on (off, v0.17.0 reads the metrics certificate from the
     fixed path /etc/kueue/metrics/certs) with the Secret made here (`serving_pki`), no leader election, no
     metrics listener, the pod integration only, and waitForPodsReady (an admitted job whose pods do not all
     run within the timeout is evicted and requeued, so an admitted group never holds quota it cannot use),
-    and ``fair_sharing`` as its ``admissionFairSharing`` (what ClusterQueues with an admissionScope use)."""
+    and ``fair_sharing`` as its ``admissionFairSharing`` (what ClusterQueues with an admissionScope use).
+    ``visibility`` (address, port): the visibility server listens there; None: it is off."""
     cfg: dict[str, Any] = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -189,10 +204,12 @@ def manager_configuration(
         "clientConnection": {"qps": 50, "burst": 100},
         "integrations": {"frameworks": list(FRAMEWORKS)},
         "manageJobsWithoutQueueName": False,
-        # the visibility server reads its certificates from the fixed path /visibility; the positions come
-        # from the Workloads then (tfdist.kube.queueing.queue_position)
-        "featureGates": {"VisibilityOnDemand": False},
+        # off where the API server cannot proxy to it (no aggregation): the positions come from the
+        # Workloads then (tfdist.kube.queueing_apply.read_position)
+        "featureGates": {"VisibilityOnDemand": visibility is not None},
     }
+    if visibility is not None:
+        cfg["visibilityServer"] = {"bindAddress": visibility[0], "bindPort": visibility[1]}
     if fair_sharing:
         cfg["admissionFairSharing"] = fair_sharing
     if wait_for_pods_ready_s:
@@ -330,6 +347,136 @@ def serving_pki() -> dict[str, bytes]:
     }
 
 
+def visibility_objects(address: str, port: int, ca_pem: bytes) -> list[dict[str, Any]]:
+    """What the release's Deployment and kustomize give the visibility API, for a manager outside the
+    cluster: a Service without a selector whose EndpointSlice is the manager's ``address:port`` on this
+    host (the API server dials it: --enable-aggregator-routing), and the APIService trusting ``ca_pem``
+    (the release says insecureSkipTLSVerify; here the serving certificate is known)."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": VISIBILITY_SERVICE, "namespace": KUEUE_NS},
+            "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port, "protocol": "TCP"}]},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{VISIBILITY_SERVICE}-host",
+                "namespace": KUEUE_NS,
+                "labels": {
+                    "kubernetes.io/service-name": VISIBILITY_SERVICE,
+                    "endpointslice.kubernetes.io/managed-by": "tfdist-tests",
+                },
+            },
+            "addressType": "IPv6" if ipaddress.ip_address(address).version == 6 else "IPv4",
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        },
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": APISERVICE},
+            "spec": {
+                "group": VISIBILITY_GROUP,
+                "version": VISIBILITY_VERSION,
+                "groupPriorityMinimum": 100,
+                "versionPriority": 200,
+                "service": {"name": VISIBILITY_SERVICE, "namespace": KUEUE_NS, "port": 443},
+                "caBundle": base64.b64encode(ca_pem).decode(),
+            },
+        },
+    ]
+
+
+def host_address(plane_address: str) -> str:
+    """An address of this host the API server may dial for an extension (it refuses loopback endpoints):
+    the plane's own where it is not loopback (the real node's), else the source address of the default
+    route (a UDP connect sends nothing)."""
+    if not ipaddress.ip_address(plane_address).is_loopback:
+        return plane_address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("203.0.113.1", 9))  # TEST-NET-3: routed by the default route, never answered
+        except OSError as e:
+            raise ControlPlaneError(
+                f"no default route, so no non-loopback address for Kueue's visibility server ({e})"
+            ) from e
+        return s.getsockname()[0]
+
+
+def _names_dns(cert_pem: bytes, dns: str) -> bool:
+    from cryptography import x509
+
+    try:
+        leaf = x509.load_pem_x509_certificate(cert_pem)
+        sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (ValueError, x509.ExtensionNotFound):
+        return False
+    return dns in sans.get_values_for_type(x509.DNSName)
+
+
+def visibility_cert(cert_dir: Path = VISIBILITY_DIR) -> bytes:
+    """The CA of the visibility server's certificate in ``cert_dir`` (apiserver.crt: the serving certificate,
+    then its CA, as Kueue writes it), made there first unless one naming VISIBILITY_DNS is there already.
+    Every plane on this host shares the path (Kueue's, fixed), so they share one certificate: made under a
+    lock, key then certificate each replaced whole, and left for the next plane."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    private_dir(cert_dir)
+    crt, key_file = cert_dir / "apiserver.crt", cert_dir / "apiserver.key"
+    with open(cert_dir / ".tfdist.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):
+            have = crt.read_bytes()
+            if key_file.is_file() and _names_dns(have, VISIBILITY_DNS):
+                return x509.load_pem_x509_certificates(have)[-1].public_bytes(serialization.Encoding.PEM)
+        now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+        later = now + datetime.timedelta(days=3650)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tfdist-test-kueue-visibility-ca")])
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(later)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .sign(ca_key, hashes.SHA256())
+        )  # its key is dropped: nothing else is ever signed with it
+        key = ec.generate_private_key(ec.SECP256R1())
+        leaf = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, VISIBILITY_DNS)]))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(later)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(VISIBILITY_DNS)]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+        chain = leaf.public_bytes(serialization.Encoding.PEM) + ca_pem
+        for path, data in ((key_file, key_pem), (crt, chain)):
+            tmp = path.with_suffix(".tmp")
+            write_private(tmp, data)
+            os.replace(tmp, path)
+        return ca_pem
+
+
 # ------------------------------------------------------------------------------------------ process
 
 
@@ -345,12 +492,16 @@ class KueueProcess:
         *,
         wait_for_pods_ready_s: int | None = WAIT_FOR_PODS_READY_S,
         fair_sharing: dict[str, Any] | None = FAIR_SHARING,
+        visibility: bool = True,
     ):
         self.plane = plane
         self.bin_dir = bin_dir or kueue_bin_dir()
         self.config_dir = self.bin_dir.parent / "config"
         self.wait_for_pods_ready_s = wait_for_pods_ready_s
         self.fair_sharing = fair_sharing
+        self.want_visibility = visibility
+        self.visibility: tuple[str, int] | None = None  # where its visibility server listens, once on
+        self.visibility_seconds: float | None = None  # what waiting for the APIService adds to a start
         self.start_seconds: float | None = None
         self.crd_seconds: float | None = None
 
@@ -395,21 +546,39 @@ class KueueProcess:
             kind = wh["kind"].lower() + "s"
             self._apply(f"/apis/admissionregistration.k8s.io/v1/{kind}", with_client_config(wh, base, ca_pem))
 
+        if self.want_visibility and self._aggregation():
+            address = host_address(plane.address)
+            plane.ports["kueue-visibility"] = plane._free_port(address)
+            self.visibility = (address, plane.ports["kueue-visibility"])
+            for obj in visibility_objects(*self.visibility, visibility_cert()):
+                self._apply(self._collection(obj), obj)
+
         cfg = manager_configuration(
             health_port=plane.ports["kueue-health"],
             webhook_port=plane.ports["kueue-webhook"],
             cert_dir=str(d / "certs"),
             wait_for_pods_ready_s=self.wait_for_pods_ready_s,
             fair_sharing=self.fair_sharing,
+            visibility=self.visibility,
         )
         write_private(d / "config.yaml", yaml.safe_dump(cfg))
         self._spawn([f"--config={d / 'config.yaml'}", f"--kubeconfig={plane.kubeconfig}"])
         plane._wait("kueue /readyz", deadline, self._ready)
         plane._wait("kueue's pod webhook gates a queued pod", deadline, self._webhook_gates)
+        if self.visibility:
+            t_vis = time.monotonic()
+            plane._wait(f"APIService {APISERVICE} Available", deadline, self._visibility_available)
+            self.visibility_seconds = time.monotonic() - t_vis
         self.start_seconds = time.monotonic() - t0
         return self
 
     def stop(self) -> None:
+        """End the manager, and first its APIService: left pointing at nothing, it fails the API server's
+        discovery of every group, which the namespace controller needs to delete a namespace."""
+        if self.visibility:
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                self.plane.request("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
+            self.visibility = None
         self.plane._kill("kueue")
         self.plane.procs.pop("kueue", None)
 
@@ -430,6 +599,25 @@ class KueueProcess:
             obj = copy.deepcopy(obj)
             obj["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
             self.plane.request("PUT", path, obj)
+
+    @staticmethod
+    def _collection(obj: dict) -> str:
+        group, _, version = obj["apiVersion"].rpartition("/")
+        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        ns = obj["metadata"].get("namespace")
+        plural = {"Service": "services", "EndpointSlice": "endpointslices", "APIService": "apiservices"}
+        return f"{base}/namespaces/{ns}/{plural[obj['kind']]}" if ns else f"{base}/{plural[obj['kind']]}"
+
+    def _aggregation(self) -> bool:
+        """Whether the API server can proxy to an extension (it publishes its front-proxy CA): a cluster
+        started before it had that gets Kueue without the visibility server, as before."""
+        cm = self.plane.get("/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication")
+        return bool(((cm or {}).get("data") or {}).get("requestheader-client-ca-file"))
+
+    def _visibility_available(self) -> bool:
+        svc = self.plane.get(f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}") or {}
+        conds = (svc.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Available" and c["status"] == "True" for c in conds)
 
     def _crd_established(self, name: str) -> bool:
         crd = self.plane.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
