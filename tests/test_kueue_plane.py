@@ -105,14 +105,14 @@ def kq():
         plane.stop()
 
 
-def backend(plane, ns: str) -> KubernetesBackend:
+def backend(plane, ns: str, queue: str = QUEUE) -> KubernetesBackend:
     b = KubernetesBackend(
         from_environ(
             {
                 "TFDIST_NAMESPACE": ns,
                 "TFDIST_WORKER_IMAGE": "example.org/tfdist-job:1",
                 "USER": ns,
-                "TFDIST_KUEUE_QUEUE": QUEUE,
+                "TFDIST_KUEUE_QUEUE": queue,
             }
         ),
         kubeconfig=plane.kubeconfig,
@@ -341,6 +341,115 @@ async def test_two_partially_fitting_jobs_never_deadlock(kq):
     finally:
         await a.close()
         await b.close()
+
+
+# ------------------------------------------------------------------ fair sharing between users
+FAIR = "fair"
+BURST = 6  # jobs per user, each of the whole queue (8 GPUs): one runs at a time
+
+
+def _fair_profiles() -> dict:
+    """PROFILES with the queue ``fair`` (fair_sharing on) instead of ``team``: a fresh ClusterQueue, since
+    Kueue v0.17.0 reads a queue's admissionScope when it first sees the queue (docs/queueing.md)."""
+    d = copy.deepcopy(PROFILES)
+    d["kueue"]["queues"] = {FAIR: {**d["kueue"]["queues"][QUEUE], "fair_sharing": True}}
+    d["profiles"][0]["kueue_queue"] = FAIR
+    return d
+
+
+async def _converge_all(plane, profiles: dict) -> None:
+    async with await api_client(plane) as api:
+        cfg = parse_profiles(profiles)
+        await qa.converge(api, cfg)
+        for u in USERS:
+            await qa.converge_user(api, cfg, u, ["ml"])
+
+
+def _running_workloads(plane) -> list[tuple[str, str]]:
+    """(namespace, job) of every Workload Kueue holds quota for and that has not finished."""
+    out = []
+    for ns in USERS:
+        for wl in plane.get(f"{KUEUE_API}/namespaces/{ns}/workloads")["items"]:
+            if ql.is_admitted(wl) and not ql.is_finished(wl):
+                out.append((ns, wl["metadata"]["name"]))
+    return out
+
+
+async def _admission_order(plane, queue: str, prefix: str, rounds: int) -> list[tuple[str, str]]:
+    """Ann submits BURST jobs of 8 GPUs, then Bob BURST; each admitted job runs a second (its pods bound)
+    and is stopped, ``rounds`` times. Returns the jobs in the order Kueue admitted them."""
+    backends = {u: backend(plane, u, queue) for u in USERS}
+    order: list[tuple[str, str]] = []
+    names = {u: [f"{prefix}-{i}" for i in range(1, BURST + 1)] for u in USERS}
+    try:
+        for u in USERS:
+            await asyncio.gather(
+                *(
+                    backends[u].submit(spec(name, u, workers=1, ps=1, gpus_per_worker=8), b"p", Launch())
+                    for name in names[u]
+                )
+            )
+            # each burst a Workload per job before the next user's: Kueue's queue order is the Workload's
+            # creation time in whole seconds (the same second: any order), so a second between the users
+            await until(
+                f"{u}'s burst queued",
+                lambda u=u: len(plane.get(f"{KUEUE_API}/namespaces/{u}/workloads")["items"]) >= BURST,
+                timeout=90,
+            )
+            await asyncio.sleep(1.1)
+        for _ in range(rounds):
+            (running,) = await until("one job admitted", lambda: _running_workloads(plane) or None, 90)
+            assert running not in order
+            order.append(running)
+            ns, job = running
+            await until(f"{job} of {ns} bound", lambda ns=ns, job=job: all_bound(plane, ns, job, 3), 90)
+            await asyncio.sleep(1.0)  # it runs: Kueue samples its user's usage every second
+            assert await backends[ns].stop(job)
+            await until(f"{job} of {ns} over", lambda r=running: r not in _running_workloads(plane), 60)
+        return order
+    finally:
+        await asyncio.gather(
+            *(backends[u].stop(name) for u in USERS for name in names[u]), return_exceptions=True
+        )
+        for b in backends.values():
+            await b.close()
+        await until(
+            "the bursts gone",
+            lambda: not any(pods(plane, u, n) for u in USERS for n in names[u]),
+            timeout=120,
+        )
+
+
+async def test_without_fair_sharing_the_queue_admits_first_come_first_served(kq):
+    """The queue ``team`` (fair_sharing off): Ann's burst came first, so all of it goes first."""
+    ann, _ = USERS
+    t0 = time.monotonic()
+    order = await _admission_order(kq, QUEUE, "fifo", rounds=3)
+    TIMES["fifo_burst_s"] = time.monotonic() - t0
+    assert [ns for ns, _ in order] == [ann, ann, ann], order
+
+
+async def test_with_fair_sharing_the_second_user_gets_a_turn_after_the_first_users_first_job(kq):
+    """The queue ``fair`` (fair_sharing on, Kueue's Admission Fair Sharing): Ann submitted 6 jobs before
+    Bob's 6, yet once Ann's first ends Bob's first is admitted, not Ann's second: Ann's LocalQueue has used
+    the GPUs, Bob's has not."""
+    ann, bob = USERS
+    t0 = time.monotonic()
+    await _converge_all(kq, _fair_profiles())
+    try:
+        cq = kq.get(f"{KUEUE_API}/clusterqueues/{FAIR}")
+        assert cq["spec"]["admissionScope"] == {"admissionMode": q.FAIR}
+        await until("ClusterQueue fair active", lambda: _active(kq, f"{KUEUE_API}/clusterqueues/{FAIR}"))
+        order = await _admission_order(kq, FAIR, "fair", rounds=2)
+        # Kueue's own account of it: Ann's LocalQueue is charged for the GPUs it held
+        lq = kq.get(f"{KUEUE_API}/namespaces/{ann}/localqueues/{FAIR}")
+        used = lq["status"]["fairSharing"]["admissionFairSharingStatus"]["consumedResources"]
+        assert ql._parse_quantity(used["nvidia.com/gpu"]) > 0, lq["status"]
+    finally:
+        await _converge_all(kq, PROFILES)
+    TIMES["fair_burst_s"] = time.monotonic() - t0
+    assert [ns for ns, _ in order] == [ann, bob], order
+    assert kq.get(f"{KUEUE_API}/namespaces/{ann}/localqueues/{QUEUE}") is not None  # the module's again
 
 
 def label_pod(plane, ns: str, name: str, labels: dict[str, str]) -> None:

@@ -16,7 +16,8 @@ namespace that holds their notebook pods and their `%%tfdist` jobs, and in it:
   ranges (tfdist.kube.egress);
 * ``tfdist-policy``, the parameters of the cluster's ValidatingAdmissionPolicy
   (hub_config/admission-policy.yaml): which GPU resource, node selector, tolerations and Kueue queue pods
-  created by the user's service accounts must carry. The user cannot edit it (no configmaps verb).
+  created by the user's service accounts must carry, and the only volume claims they may mount: the
+  profile's data volumes (read-only ones only read-only). The user cannot edit it (no configmaps verb).
 
 The namespace is labelled ``tfdist.io/tenant=true`` (the admission policy's binding selects on it), with
 the user it was made for, and Pod Security ``restricted`` (non-root, no capabilities such as NET_RAW that
@@ -29,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..datamounts import DataMount
 from . import manifests as mf
 from .egress import DEFAULT_HUB_PORT, Endpoint, default_egress
 
@@ -124,6 +126,8 @@ class TenantPolicy:
     hub_port: int = DEFAULT_HUB_PORT
     egress_allow: tuple[dict[str, Any], ...] = ()
     egress_internet: bool = True
+    #: the profile's data volumes: the only claims job pods may mount (tfdist.datamounts)
+    data_volumes: tuple[DataMount, ...] = ()
     #: labels and annotations the admin asked for (KubeSpawner's user_namespace_labels/annotations)
     namespace_labels: dict[str, str] = field(default_factory=dict)
     namespace_annotations: dict[str, str] = field(default_factory=dict)
@@ -302,6 +306,8 @@ def policy_params(p: TenantPolicy) -> dict[str, Any]:
             "requiredTolerations": "\n".join(toleration_key(t) for t in p.required_tolerations),
             "queue": p.queue,
             "runtimeClasses": "\n".join(p.runtime_classes),
+            "dataClaims": "\n".join(sorted({m.claim for m in p.data_volumes})),
+            "readOnlyClaims": "\n".join(sorted({m.claim for m in p.data_volumes if m.read_only})),
         },
     }
 
