@@ -126,6 +126,7 @@ class Reason(WireEnum):
     OUT_OF_MEMORY = "out-of-memory"  # the job was stopped before the server's memory limit
     LOST = "lost"  # nobody recorded how it ended (the supervisor died, the watch broke)
     INTERNAL = "internal-error"
+    PREEMPTED = "preempted"  # Kueue evicted the job: its queue had borrowed GPUs another queue took back
 
     def sentence(self) -> str:
         return SENTENCES[self]
@@ -148,6 +149,7 @@ SENTENCES: dict[Reason, str] = {
     Reason.OUT_OF_MEMORY: "stopped: the server's memory was nearly full",
     Reason.LOST: "the job ended without recording how",
     Reason.INTERNAL: "tfdist's own error",
+    Reason.PREEMPTED: "preempted by Kueue: another queue took back the GPUs this job had borrowed",
 }
 
 
@@ -166,6 +168,7 @@ class FailureKind(WireEnum):
     POD_FAILED = "PodFailed"
     WORKER_LOST = "WorkerLost"  # an all-reduce worker failed: the others cannot finish a step
     JOB_FAILED = "JobFailed"  # the Kubernetes Job failed and named no reason
+    PREEMPTED = "Preempted"  # Kueue evicted every pod of the job (tfdist.kube.preemption)
 
     @property
     def reason(self) -> Reason | None:
@@ -182,4 +185,5 @@ _KIND_REASONS: dict[FailureKind, Reason] = {
     FailureKind.COORDINATOR_EXIT: Reason.COORDINATOR_DIED,
     FailureKind.POD_FAILED: Reason.TASK_FAILED,
     FailureKind.WORKER_LOST: Reason.TASK_FAILED,
+    FailureKind.PREEMPTED: Reason.PREEMPTED,
 }

@@ -12,8 +12,9 @@ import time
 from typing import Any
 
 from ..job.events import ErrorInfo, Event, LogEvent, StateEvent, TaskEvent
-from ..job.vocab import FailureKind, JobState, TaskState
+from ..job.vocab import FailureKind, JobState, Reason, TaskState
 from . import status as st
+from .preemption import Preemption, eviction
 
 Pod = dict[str, Any]
 
@@ -35,6 +36,7 @@ class PodFold:
         self.started_all = False
         self.current: dict[str, str] = {}  # task -> name of its newest pod
         self.restarts: dict[str, int] = {}
+        self.preempted: Preemption | None = None  # Kueue evicted the job's pods (its pod condition says)
 
     @staticmethod
     def relevant(pod: Pod) -> bool:
@@ -44,6 +46,8 @@ class PodFold:
     def listed(self, pods: list[Pod]) -> list[Event]:
         """A (re)list of the job's pods: replacements seen since, then the tasks whose state changed."""
         pods = st.newest_per_task(pods)
+        for p in pods:
+            self._evicted(p)
         out: list[Event] = []
         for p in pods:
             out += self._replaced(st.pod_task(p) or "", p["metadata"]["name"])
@@ -56,6 +60,7 @@ class PodFold:
         if not task:
             return []
         name = pod["metadata"]["name"]
+        self._evicted(pod)
         out: list[Event] = self._replaced(task, name) if kind == "ADDED" else []
         if self.current.get(task, name) == name:
             if kind == "DELETED":
@@ -69,8 +74,31 @@ class PodFold:
         return not self.tasks
 
     def verdict(self) -> StateEvent | None:
-        """The final state event once the tasks say the job ended, else None."""
-        return st.outcome(self.tasks, self.strategy)
+        """The final state event once the tasks say the job ended, else None. Tasks that failed because
+        Kueue evicted the job are its preemption, not a failure of the job's own."""
+        done = st.outcome(self.tasks, self.strategy)
+        if self.preempted is not None and (self.empty or (done and done.state == JobState.FAILED)):
+            return self._preempted()  # Kueue deleted every pod: the Job controllers bring none back
+        return done
+
+    def gone(self, listed: bool) -> StateEvent:
+        """The verdict for a job with neither pods nor root (`gone`), unless Kueue evicted it first: its
+        root Job failed with the coordinator's pod and was deleted after its TTL."""
+        return self._preempted() or gone(listed)
+
+    def _preempted(self) -> StateEvent | None:
+        if self.preempted is None:
+            return None
+        why = f"{self.preempted.sentence()}; it is not resumed: run the cell again"
+        return StateEvent(
+            state=JobState.FAILED,
+            t=time.time(),
+            message=why,
+            error=ErrorInfo(type=FailureKind.PREEMPTED.value, message=why, reason=Reason.PREEMPTED),
+        )
+
+    def _evicted(self, pod: Pod) -> None:
+        self.preempted = self.preempted or eviction(pod)
 
     def running(self) -> list[Event]:
         """The job's "running" event, once: when every expected task runs (or has finished)."""

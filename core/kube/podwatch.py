@@ -14,7 +14,7 @@ from typing import Any
 
 from ..job.events import Event, StateEvent
 from .cluster import KubeApi
-from .podfold import PodFold, gone, timed_out
+from .podfold import PodFold, timed_out
 
 WATCH_TIMEOUT_S = 300  # server-side watch timeout; the loop re-opens it from the last resourceVersion
 
@@ -75,7 +75,7 @@ class PodWatch:
                 rv = body["metadata"]["resourceVersion"]
                 done = fold.verdict()
                 if done is None and not any(map(fold.relevant, pods)) and await self._root_gone():
-                    done = gone(listed=True)
+                    done = fold.gone(listed=True)
                 if done:  # it ended while nobody watched
                     yield done
                     return
@@ -99,7 +99,7 @@ class PodWatch:
                         if item["type"] == "DELETED" and fold.empty and await self._root_gone():
                             # every pod and the root gone while running: deleted by someone else, or with
                             # the notebook pod that owned it (the agent's stream would only time out)
-                            yield gone(listed=False)
+                            yield fold.gone(listed=False)
                             return
                         done = fold.verdict()
                         if done:

@@ -16,10 +16,13 @@ The policy (read from Kueue v0.17.0's scheduler, pkg/scheduler/preemption):
   (no job left to take) would lose a notebook to ``Any``; docs/queueing.md "Preemption" says so.
 
 An evicted pod group: Kueue's pod integration writes the condition ``TerminationTarget`` (reason
-``WorkloadEvicted``, message "Preempted to accommodate a workload ... due to reclamation within the cohort;
-preemptor path: /<cohort>/<queue>; ...") on every running pod of the group and deletes them all; the
-Workload gets ``Evicted`` (reason ``Preempted``), ``Preempted`` (reason ``InCohortReclamation``), and
-``Requeued`` once no pod runs. `eviction` reads the pod's condition, which the job's pod watch already has.
+``WorkloadEvictedDueToPreempted`` for a group, ``WorkloadEvicted`` for a single pod; message
+"Preempted to accommodate a workload ... due to reclamation within the cohort; preemptor path:
+/<cohort>/<queue>; ...") on every running pod of the group and deletes them all; the
+Workload gets ``Evicted`` (reason ``Preempted``) and ``Preempted`` (reason ``InCohortReclamation``), then,
+since our pods say ``retriable-in-group: "false"``, ``Finished`` ("Pods succeeded: 0/N") once none runs:
+the job is not requeued (measured on the kwok plane, docs/queueing.md "Preemption"). `eviction` reads the
+pod's condition, which the job's pod watch already has.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ def eviction(pod: Mapping[str, Any]) -> Preemption | None:
         if c.get("type") != C_TERMINATION or c.get("status") != "True":
             continue
         message = str(c.get("message") or "")
-        if c.get("reason") == STOP_EVICTED and message.startswith(PREEMPTED_PREFIX):
+        reason = str(c.get("reason") or "")
+        if reason.startswith(STOP_EVICTED) and message.startswith(PREEMPTED_PREFIX):
             return Preemption(reclaimed_by=_preemptor_queue(message), message=message)
     return None

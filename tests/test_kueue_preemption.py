@@ -1,0 +1,303 @@
+"""Kueue giving a queue its lent GPUs back (tfdist.kube.preemption) on the kwok plane: real API server,
+scheduler, Kueue's manager and webhooks, one 8-GPU H100 node. Two queues of 4 H100s in one cohort, ``qa``
+(user ann) and ``qb`` (user bob); jobs are submitted by the real Kubernetes backend.
+
+Pure checks of the policy and of reading an eviction come first (no plane)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+
+from tests import kube_plane
+from tests.kueue_proc import kueue_missing
+from tests.test_kueue_plane import _in_ci, api_client, bound, spec, until
+from tfdist.backends.base import Launch
+from tfdist.backends.kubernetes import KubernetesBackend
+from tfdist.job.vocab import JobState, Reason
+from tfdist.jobview import JobView
+from tfdist.kube import manifests as mf
+from tfdist.kube import preemption as pre
+from tfdist.kube import queueing as q
+from tfdist.kube import queueing_apply as qa
+from tfdist.kube.podfold import PodFold
+from tfdist.settings import from_environ
+from tfdist.spawner.profiles import parse_profiles
+
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+ANN, BOB = "kp-ann", "kp-bob"
+QA, QB = "qa", "qb"
+KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
+TIMES: dict[str, float] = {}
+
+
+def _profile(slug: str, queue: str) -> dict:
+    return {
+        "slug": slug,
+        "display_name": slug,
+        "groups": [slug],
+        "cpu": {"min": 1, "max": 8, "default": 1},
+        "memory_gib": {"min": 1, "max": 8, "default": 1},
+        "gpus": {"max": 8},
+        "gpu_models": ["h100"],
+        "kueue_queue": queue,
+        "images": ["img"],
+    }
+
+
+PROFILES = {
+    "gpu_models": {"h100": {"display_name": "H100", "node_selector": H100}},
+    "kueue": {"cohort": "lend", "queues": {QA: {"gpus": {"h100": 4}}, QB: {"gpus": {"h100": 4}}}},
+    "profiles": [_profile("a", QA), _profile("b", QB)],
+}
+KUEUE_MESSAGE = (
+    "Preempted to accommodate a workload (UID: 1f, JobUID: UNKNOWN) due to reclamation within the "
+    "cohort; preemptor path: /lend/qb; preemptee path: /lend/qa"
+)
+
+
+# --------------------------------------------------------------------------------- pure, no plane
+
+
+def test_every_queue_reclaims_what_it_lent_and_never_evicts_inside_itself():
+    cqs = q.cluster_queues(parse_profiles(PROFILES))
+    assert [c["spec"]["preemption"] for c in cqs] == [pre.policy()] * 2
+    assert pre.policy() == {
+        "reclaimWithinCohort": "Any",
+        "withinClusterQueue": "Never",
+        "borrowWithinCohort": {"policy": "Never"},
+    }
+    (pc,) = pre.priority_classes()
+    assert pc["kind"] == "WorkloadPriorityClass" and pc["value"] > 0  # jobs have none: 0
+    assert pre.notebook_labels() == {"kueue.x-k8s.io/priority-class": pc["metadata"]["name"]}
+
+
+def _pod(conditions: list[dict], phase: str = "Running") -> dict:
+    return {"metadata": {"name": "j-worker-0"}, "status": {"phase": phase, "conditions": conditions}}
+
+
+def test_an_eviction_is_read_from_kueues_pod_condition_and_nothing_else():
+    # a pod group's reason (Kueue's ComposableJob stop), and a single pod's
+    cond = {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"}
+    got = pre.eviction(_pod([cond | {"message": KUEUE_MESSAGE}]))
+    assert got == pre.Preemption(reclaimed_by=QB, message=KUEUE_MESSAGE)
+    single = cond | {"reason": "WorkloadEvicted", "message": KUEUE_MESSAGE}
+    assert pre.eviction(_pod([single])) == got
+    assert got.sentence() == "preempted by Kueue to give queue qb its quota back"
+    # the Workload deleted (the job stopped), a pod not stopped by Kueue, an unknown preemptor
+    deleted = cond | {"reason": "WorkloadDeleted", "message": "Workload is deleted"}
+    assert pre.eviction(_pod([deleted])) is None
+    assert pre.eviction(_pod([{"type": "Ready", "status": "True"}])) is None
+    assert pre.eviction({"metadata": {}}) is None
+    unknown = KUEUE_MESSAGE.replace("/lend/qb", "UNKNOWN")
+    assert pre.eviction(_pod([cond | {"message": unknown}])).reclaimed_by == ""
+
+
+def test_a_preempted_job_is_said_so_not_a_failed_coordinator():
+    """The fold's verdict for a job whose pods Kueue stopped: the job protocol's PREEMPTED reason and
+    Kueue's sentence, not "the coordinator failed"."""
+    cond = {
+        "type": "TerminationTarget",
+        "status": "True",
+        "reason": "WorkloadEvictedDueToPreempted",
+        "message": KUEUE_MESSAGE,
+    }
+    fold = PodFold(expected=2)
+    labels = {mf.L_JOB: "j", mf.L_TASK: "chief-0"}
+    chief = {"metadata": {"name": "j-abc", "labels": labels}, "status": {"phase": "Running"}}
+    fold.listed([chief])
+    assert fold.verdict() is None
+    failed = {**chief, "status": {"phase": "Failed", "conditions": [cond]}}
+    fold.changed("MODIFIED", failed)
+    v = fold.verdict()
+    assert v is not None and v.state == JobState.FAILED
+    assert v.error is not None and v.error.reason == Reason.PREEMPTED.value
+    assert "to give queue qb its quota back" in v.message
+
+
+# --------------------------------------------------------------------------------- the kwok plane
+
+
+@pytest.fixture(scope="module")
+def kp():
+    bin_dir = kube_plane.find_bin_dir()
+    why = ", ".join(kube_plane.missing_binaries(bin_dir)) or kueue_missing()
+    if why:
+        if _in_ci():
+            pytest.fail(f"{why} [CI is set, so this is an error]", pytrace=False)
+        pytest.skip(why)
+    plane = kube_plane.ControlPlane(bin_dir, kueue=True)
+    try:
+        plane.start()
+        plane.add_gpu_nodes(1, 8, H100["nvidia.com/gpu.product"])
+        for ns in (ANN, BOB):
+            plane.create_namespace(ns)
+
+        async def setup():
+            async with await api_client(plane) as api:
+                cfg = parse_profiles(PROFILES)
+                await qa.converge(api, cfg)
+                await qa.converge_user(api, cfg, ANN, ["a"])
+                await qa.converge_user(api, cfg, BOB, ["b"])
+
+        asyncio.run(setup())
+        for pc in pre.priority_classes():  # what the hub converges beside the queues
+            plane.request("POST", f"{KUEUE_API}/workloadpriorityclasses", pc)
+        yield plane
+    finally:
+        print(f"\npreemption plane timings: {TIMES}")
+        plane.stop()
+
+
+def backend(plane, ns: str, queue: str) -> KubernetesBackend:
+    b = KubernetesBackend(
+        from_environ(
+            {
+                "TFDIST_NAMESPACE": ns,
+                "TFDIST_WORKER_IMAGE": "example.org/tfdist-job:1",
+                "USER": ns,
+                "TFDIST_KUEUE_QUEUE": queue,
+            }
+        ),
+        kubeconfig=plane.kubeconfig,
+    )
+    b.node_selector = H100
+    return b
+
+
+def job_pods(plane, ns: str, job: str) -> list[dict]:
+    return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3D{job}")["items"]
+
+
+def live(p: dict) -> bool:
+    return not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in (
+        "Failed",
+        "Succeeded",
+    )
+
+
+def workload(plane, ns: str, name: str) -> dict | None:
+    items = plane.get(f"{KUEUE_API}/namespaces/{ns}/workloads")["items"]
+    return next((w for w in items if w["metadata"]["name"] == name), None)
+
+
+def notebook(plane, ns: str, queue: str, gpus: int) -> str:
+    """A GPU notebook server's pod as the spawner makes it for a queued profile: the queue label and the
+    notebook priority class (tfdist.kube.preemption.notebook_labels)."""
+    name = "jupyter-nb"
+    plane.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        {
+            "metadata": {"name": name, "labels": {q.L_QUEUE: queue, **pre.notebook_labels()}},
+            "spec": {
+                "nodeSelector": H100,
+                "containers": [
+                    {
+                        "name": "notebook",
+                        "image": "example.org/notebook:1",
+                        "resources": {
+                            "requests": {"cpu": "100m", "nvidia.com/gpu": str(gpus)},
+                            "limits": {"nvidia.com/gpu": str(gpus)},
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    return name
+
+
+@pytest.mark.k8s
+async def test_a_borrowing_job_is_evicted_whole_when_the_lender_needs_its_gpus(kp):
+    """ann's job (2 x 4 GPUs) borrows qb's 4 idle GPUs; bob's job (4 GPUs, qb's own quota) arrives: ann's
+    job is evicted whole (no pod of it left bound), bob's is admitted, and ann's cell says preempted."""
+    a, b = backend(kp, ANN, QA), backend(kp, BOB, QB)
+    seen: list = []
+    try:
+        await a.submit(spec("big", ANN, workers=2, ps=1, gpus_per_worker=4), b"p", Launch())
+        await until("ann's job bound", lambda: sum(map(bound, job_pods(kp, ANN, "big"))) == 4, 90)
+
+        async def follow():
+            async for ev in a.watch("big"):
+                seen.append(ev)
+
+        watching = asyncio.ensure_future(follow())
+        t0 = time.monotonic()
+        await b.submit(spec("small", BOB, workers=1, ps=1, gpus_per_worker=4), b"p", Launch())
+        await until("bob's job bound", lambda: sum(map(bound, job_pods(kp, BOB, "small"))) == 3, 90)
+        took = time.monotonic() - t0
+        # nothing of ann's job holds a node: every pod of it went as one admission
+        await until(
+            "ann's job gone from the node",
+            lambda: not [p for p in job_pods(kp, ANN, "big") if live(p) and bound(p)],
+            60,
+        )
+        TIMES["reclaimed_and_bound_s"] = took
+        # Kueue's own record: evicted by preemption, reclaimed within the cohort by qb
+        conds = {c["type"]: c for c in (workload(kp, ANN, "big") or {})["status"]["conditions"]}
+        assert conds["Evicted"]["reason"] == "Preempted", conds
+        assert conds["Preempted"]["reason"] == "InCohortReclamation"
+        assert "preemptor path: /lend/qb" in conds["Preempted"]["message"]
+        # the cell's verdict, and the view the cell, %tfdist list and the panel fold it into
+        await until(
+            "ann's cell told", lambda: [e for e in seen if e.type == "state" and e.state.terminal], 60
+        )
+        (last,) = [e for e in seen if e.type == "state" and e.state.terminal]
+        assert last.error is not None and last.error.reason == Reason.PREEMPTED.value, last
+        assert last.message.startswith("preempted by Kueue to give queue qb its quota back")
+        view = JobView.from_dict(seen[0].view)
+        for ev in seen[1:]:
+            view.apply(ev)
+        assert (view.state, view.reason) == (JobState.FAILED, Reason.PREEMPTED.value)
+        assert "qb" in view.message
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+    finally:
+        with contextlib.suppress(Exception):
+            await a.stop("big")
+        with contextlib.suppress(Exception):
+            await b.stop("small")
+        await a.close()
+        await b.close()
+    await until("both jobs gone", lambda: not job_pods(kp, ANN, "big") and not job_pods(kp, BOB, "small"), 60)
+
+
+@pytest.mark.k8s
+async def test_a_notebook_admitted_while_its_queue_borrows_stays_its_job_goes(kp):
+    """ann's job (4 GPUs, her own quota) then her notebook (4 more: qa now borrows qb's); bob's job of
+    4 arrives: Kueue evicts ann's job, never the notebook, and bob's job runs."""
+    a, b = backend(kp, ANN, QA), backend(kp, BOB, QB)
+    nb = ""
+    try:
+        await a.submit(spec("mine", ANN, workers=1, ps=1, gpus_per_worker=4), b"p", Launch())
+        await until("ann's job bound", lambda: sum(map(bound, job_pods(kp, ANN, "mine"))) == 3, 90)
+        nb = notebook(kp, ANN, QA, 4)
+        await until("ann's notebook bound", lambda: bound(kp.get(f"/api/v1/namespaces/{ANN}/pods/{nb}")), 60)
+        uid = kp.get(f"/api/v1/namespaces/{ANN}/pods/{nb}")["metadata"]["uid"]
+        await b.submit(spec("small", BOB, workers=1, ps=1, gpus_per_worker=4), b"p", Launch())
+        await until("bob's job bound", lambda: sum(map(bound, job_pods(kp, BOB, "small"))) == 3, 90)
+        await until(
+            "ann's job evicted",
+            lambda: not [p for p in job_pods(kp, ANN, "mine") if live(p) and bound(p)],
+            60,
+        )
+        for _ in range(10):  # and it stays that way: the notebook is the same pod, bound, not told to go
+            pod = kp.get(f"/api/v1/namespaces/{ANN}/pods/{nb}")
+            assert pod["metadata"]["uid"] == uid and bound(pod) and live(pod), pod["status"]
+            assert pre.eviction(pod) is None
+            await asyncio.sleep(0.3)
+    finally:
+        with contextlib.suppress(Exception):
+            await a.stop("mine")
+        with contextlib.suppress(Exception):
+            await b.stop("small")
+        if nb:
+            with contextlib.suppress(Exception):
+                kp.request("DELETE", f"/api/v1/namespaces/{ANN}/pods/{nb}")
+        await a.close()
+        await b.close()
