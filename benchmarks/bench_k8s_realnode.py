@@ -1,43 +1,49 @@
-"""The example's job on the one-machine cluster's real node vs the local backend (issue 8, "Measured").
+"""`%%tfdist run --backend kubernetes` on the real node against bare pods and the local backend (issue 26).
 
-Run as root with the cluster up (`eval "$(sudo scripts/cluster up)"`; this script never takes it down):
-    python benchmarks/bench_k8s_realnode.py [--repeat 1]
-Prints JSON and writes benchmarks/results/k8s_realnode.json.
+Run as root under the real node's lock, with the cluster up (this script never takes it down):
+    flock /run/lock/tfdist-dev-realnode.lock python benchmarks/bench_k8s_realnode.py [--repeat 3]
+Prints JSON and writes benchmarks/results/k8s_bare.json (`--out`).
 
-The same cell (`examples/digits.ipynb`'s `%%tfdist run --workers 2 --ps 1`, 8 epochs of 40 steps, with
-`--cpu 0.45 --memory 1536Mi` so that four pods fit the node's two cores) runs in a real host kernel, once
-with the Kubernetes backend (a user namespace prepared by the spawner's code, the kernel acting as the
-user's notebook service account) and once with the local backend. Measured: cell start -> end of the
-first epoch, and the cell's whole time, for both (ratio), plus the Kubernetes breakdown:
+One job, three ways, interleaved in each repeat: the bare coordinator's model and data
+(`shared/baseline/bare_ps/coordinator.py`: Dense 256 on 4096 x 32 random rows, batch 64,
+steps_per_execution 10), 1 PS + 2 workers, 4 epochs of 200 steps, every pod `--cpu 0.45 --memory 1536Mi`
+(four pods fit the node's two cores):
+  kubernetes  the cell below in a real host kernel (a user namespace prepared by the spawner's code, the
+              kernel acting as the user's notebook service account), `%%tfdist run --backend kubernetes`
+  bare        benchmarks/bare_pods.py: the unmodified server.py/coordinator.py as plain pods, TF_CONFIG by
+              hand, a headless Service, the same image and limits, in a namespace of its own
+  local       the same cell with `--backend local` (fresh tasks: the kernel's warm pool is off)
+The cell trains what the bare coordinator trains, with the same code (built in the cell, under the
+job's strategy as the bare file builds it under its own).
 
-  create     cell start -> the root Job exists (the magic packed the payload, the backend created the Jobs)
-  scheduled  -> every pod of the job bound to the node
-  running    -> every pod's container running (image present: no pull)
-  payload    -> the payload handed to the coordinator pod's agent (the kernel reads the agent's events
-                only after that: their first one arrives then)
-  coordinator-> the coordinator process started with the payload (TensorFlow imported)
-  servers    -> the coordinator connected to every TF server (its "loading" phase: TF servers ready)
-  fit start  -> the cell's fit began (the model and data rebuilt in the coordinator)
-  first step -> the first training step counted (the coordinator's heartbeat, every 2 s: an epoch shorter
-                than that counts its end)
-  epoch 1    -> the end of the first epoch
-
-Pod times come from polling the API server every 0.2 s from the host; the coordinator's phases from the
-events the kernel received (its JobView.apply, wrapped in this kernel only; steps and epochs carry the
-coordinator's own clock, which is this machine's).
+Measured from the cell's start (bare: LAUNCH_T0, when the benchmark creates the first object) to:
+  k8s_scheduled / k8s_running  every pod bound to the node / every container running (API polled 0.2 s)
+  tf_imported  bare: the last pod's TensorFlow imported (bare_pods.WRAPPER's marks)
+  payload      tfdist: the payload handed to the coordinator pod's agent
+  coordinator  tfdist: the coordinator process started with the payload
+  servers      the coordinator connected to every TF server (strategy made)
+  fit_start    the fit called
+  first_step   tfdist only: the first step its heartbeat counted (every 2 s; bare: Keras allows no batch
+               callback under ParameterServerStrategy)
+  epoch_1      the end of the first epoch (the headline; bare: the file's own JSON line)
+and steps/s after the first epoch (epochs 2..4). Each figure is the median of the repeats.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import bare_pods
 from machine import machine  # benchmarks/machine.py: the script's own folder is on sys.path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,10 +57,28 @@ from tests.realnode_jobs import (  # noqa: E402
     drop_tenant,
     job_pods,
     make_tenant,
-    run_line,
     start_notebook_pod,
     wait_gone,
 )
+
+WORKERS, PS, EPOCHS, STEPS = 2, 1, 4, 200
+CPU, MEMORY = 0.45, "1536Mi"
+
+CELL = """%%tfdist run --workers {workers} --ps {ps} --name {name} --cpu {cpu} --memory {memory}{backend}
+import time
+import tensorflow as tf
+keras = tf.keras
+model = keras.Sequential(
+    [keras.layers.Input((32,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)]
+)
+model.compile(optimizer="sgd", loss="mse", steps_per_execution=10)
+x = tf.random.normal((4096, 32), seed=1)
+y = tf.reduce_sum(x, axis=1, keepdims=True)
+ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
+ends = []
+clock = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ends.append(time.time()))
+hist = model.fit(ds, epochs={epochs}, steps_per_epoch={steps}, verbose=0, callbacks=[clock])
+"""
 
 RECORD = """
 import json as _j, time as _t
@@ -68,13 +92,32 @@ if not hasattr(_jv.JobView, "_bench_orig"):
                                                                    "task", "state") if k in ev}])
         return _orig(self, ev)
     _jv.JobView.apply = _bench_apply
+_bench_events.clear()
 """
 
 
-def kernel_events(k: Any) -> list[tuple[float, dict]]:
-    r = k.run("print(_j.dumps(_bench_events))", timeout=60)
+def cell(name: str, backend: str = "") -> str:
+    return CELL.format(
+        workers=WORKERS,
+        ps=PS,
+        name=name,
+        cpu=CPU,
+        memory=MEMORY,
+        backend=f" --backend {backend}" if backend else "",
+        epochs=EPOCHS,
+        steps=STEPS,
+    )
+
+
+def steps_per_s(ends: list[float]) -> float | None:
+    later = ends[-1] - ends[0] if len(ends) > 1 else 0
+    return round(STEPS * (len(ends) - 1) / later, 1) if later > 0 else None
+
+
+def kernel_value(k: Any, expr: str) -> Any:
+    r = k.run(f"print(_j.dumps({expr}))", timeout=60)
     assert r.error is None, r.error_text
-    return [(t, ev) for t, ev in json.loads(r.text.strip().splitlines()[-1])]
+    return json.loads(r.text.strip().splitlines()[-1])
 
 
 def phases(events: list[tuple[float, dict]], t0: float) -> dict[str, float | None]:
@@ -88,38 +131,28 @@ def phases(events: list[tuple[float, dict]], t0: float) -> dict[str, float | Non
 
     prog = "progress"
     out = {
-        "tasks_running": None,
         "payload": first(lambda e: e["type"] == prog and e.get("phase") == "waiting for the payload"),
         "coordinator": first(lambda e: e["type"] == prog and e.get("phase") == "connecting"),
         "servers": first(lambda e: e["type"] == prog and e.get("phase") == "loading"),
         "fit_start": first(lambda e: e["type"] == prog and e.get("phase") == "fit"),
         "first_step": first(lambda e: e["type"] == prog and (e.get("step") or 0) > 0 and "t" in e),
-        "epoch_1": first(lambda e: e["type"] == prog and (e.get("epoch") or 0) >= 1 and "t" in e),
-        "cell": None,
     }
-    # the heartbeat reads the step counter every 2 s: an epoch shorter than that shows its steps after it
-    if out["first_step"] is not None and out["epoch_1"] is not None:
-        out["first_step"] = min(out["first_step"], out["epoch_1"])
     return out
 
 
 class PodClock(threading.Thread):
-    """When (host time) the root Job appeared, and every pod of the job was scheduled / running."""
+    """When (host time) every pod of a job was bound to the node, and every container running."""
 
-    def __init__(self, cluster: RealCluster, ns: str, job: str, pods: int = 4):
+    def __init__(self, pods: Callable[[], list[dict]], n: int):
         super().__init__(daemon=True)
-        self.cluster, self.ns, self.job, self.n = cluster, ns, job, pods
+        self.pods, self.n = pods, n
         self.times: dict[str, float] = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set() and "running" not in self.times:
             now = time.time()
-            if "create" not in self.times and self.cluster.get(
-                f"/apis/batch/v1/namespaces/{self.ns}/jobs/{self.job}"
-            ):
-                self.times["create"] = now
-            pods = job_pods(self.cluster, self.ns, self.job)
+            pods = self.pods()
             if len(pods) >= self.n:
                 if "scheduled" not in self.times and all(p["spec"].get("nodeName") for p in pods):
                     self.times["scheduled"] = now
@@ -128,75 +161,180 @@ class PodClock(threading.Thread):
             time.sleep(0.2)
 
 
-def run_cell(k: Any, line: str, clock: PodClock | None = None) -> dict[str, Any]:
+def run_tfdist(k: Any, line: str, clock: PodClock | None = None) -> dict[str, Any]:
     k.run(RECORD, timeout=60)
     if clock:
         clock.start()
     t0 = time.time()
     r = k.run(line, timeout=1200)
-    cell = time.time() - t0
+    cell_s = time.time() - t0
     if clock:
         clock.stop.set()
     assert r.error is None, r.error_text
-    out = phases(kernel_events(k), t0)
-    out["cell"] = round(cell, 2)
-    evs = kernel_events(k)
-    running = [t for t, e in evs if e["type"] == "task" and e.get("state") == "running"]
-    out["tasks_running"] = round(max(running) - t0, 2) if running else None
+    out: dict[str, Any] = {}
     if clock:
-        for key, t in clock.times.items():
-            out[f"k8s_{key}"] = round(t - t0, 2)
+        out |= {f"k8s_{key}": round(t - t0, 2) for key, t in clock.times.items()}
+    out |= phases([(t, ev) for t, ev in kernel_value(k, "_bench_events")], t0)
+    ends = kernel_value(k, "ends")
+    out["epoch_1"] = round(ends[0] - t0, 2)
+    if out["first_step"] is not None:  # the heartbeat reads the step counter every 2 s
+        out["first_step"] = min(out["first_step"], out["epoch_1"])
+    out["steps_per_s"] = steps_per_s(ends)
+    out["cell"] = round(cell_s, 2)
     return out
 
 
+# ------------------------------------------------------------------------------------------ bare pods
+
+KINDS = {"pods": "/api/v1/namespaces/{ns}/pods", "services": "/api/v1/namespaces/{ns}/services",
+         "configmaps": "/api/v1/namespaces/{ns}/configmaps"}  # fmt: skip
+
+
+def bare_left(cluster: RealCluster, ns: str, name: str) -> list[str]:
+    sel = f"?labelSelector={bare_pods.LABEL}%3D{name}"
+    out = []
+    for kind, path in KINDS.items():
+        items = (cluster.get(path.format(ns=ns) + sel) or {"items": []})["items"]
+        out += [f"{kind}/{o['metadata']['name']}" for o in items]
+    return out
+
+
+def run_bare(cluster: RealCluster, ns: str, name: str, image: str, files: dict[str, str]) -> dict[str, Any]:
+    """One bare launch: create, read the coordinator's line, delete everything (asserted gone)."""
+    sel = f"?labelSelector={bare_pods.LABEL}%3D{name}"
+    clock = PodClock(lambda: cluster.get(KINDS["pods"].format(ns=ns) + sel)["items"], 1 + WORKERS + PS)
+    t0 = time.time()
+    objs = bare_pods.bare_objects(
+        name,
+        image=image,
+        files=files,
+        workers=WORKERS,
+        ps=PS,
+        epochs=EPOCHS,
+        steps=STEPS,
+        cpu=f"{int(CPU * 1000)}m",
+        memory=MEMORY,
+        launch_t0=t0,
+        node=realnode.NODE_NAME,
+    )
+    clock.start()
+    try:
+        for o in objs:
+            cluster.request("POST", KINDS[o["kind"].lower() + "s"].format(ns=ns), o)
+        chief = bare_pods.pod_name(name, "chief-0")
+        pod = cluster.wait_pod(ns, chief, ("Succeeded", "Failed"), timeout=900)
+        clock.stop.set()
+        logs = {
+            t: cluster.logs(ns, bare_pods.pod_name(name, t)) or "" for t in bare_pods.task_names(WORKERS, PS)
+        }
+        failed = f"the bare coordinator failed:\n{logs['chief-0'][-3000:]}"
+        assert pod["status"]["phase"] == "Succeeded", failed
+    finally:
+        clock.stop.set()
+        for o in objs:
+            path = KINDS[o["kind"].lower() + "s"].format(ns=ns) + "/" + o["metadata"]["name"]
+            try:
+                cluster.request("DELETE", path)
+            except Exception:  # never created
+                pass
+    got = bare_pods.result(logs["chief-0"])
+    assert got, f"no JSON line from the bare coordinator:\n{logs['chief-0'][-3000:]}"
+    m = {t: bare_pods.marks(log) for t, log in logs.items()}
+    out: dict[str, Any] = {f"k8s_{key}": round(t - t0, 2) for key, t in clock.times.items()}
+    imported = [x.get("tf_imported") for x in m.values()]
+    out["tf_imported"] = round(max(imported) - t0, 2) if all(imported) else None
+    for key in ("servers", "fit_start"):
+        out[key] = round(m["chief-0"][key] - t0, 2) if key in m["chief-0"] else None
+    out["epoch_1"] = got["launch_to_first_epoch_s"]
+    out["steps_per_s"] = got["steps_per_s_after_first_epoch"]
+    deadline = time.monotonic() + 120
+    while rest := bare_left(cluster, ns, name):
+        assert time.monotonic() < deadline, f"left after 120 s: {rest}"
+        time.sleep(0.5)
+    return out
+
+
+def median(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(vals), 2) if vals else None
+
+
+def summarize(results: dict[str, list[dict]]) -> dict[str, Any]:
+    keys = ["k8s_scheduled", "k8s_running", "tf_imported", "payload", "coordinator", "servers", "fit_start",
+            "first_step", "epoch_1", "steps_per_s", "cell"]  # fmt: skip
+    med = {way: {k: v for k in keys if (v := median(rows, k)) is not None} for way, rows in results.items()}
+
+    def ratio(a: str, b: str, key: str) -> float | None:
+        x, y = med.get(a, {}).get(key), med.get(b, {}).get(key)
+        return round(x / y, 2) if x and y else None
+
+    return {
+        "median": med,
+        "ratios": {
+            "first_epoch_kubernetes_over_bare": ratio("kubernetes", "bare", "epoch_1"),
+            "steps_per_s_kubernetes_over_bare": ratio("kubernetes", "bare", "steps_per_s"),
+            "first_epoch_local_over_bare_pods": ratio("local", "bare", "epoch_1"),
+            "first_epoch_kubernetes_over_local": ratio("kubernetes", "local", "epoch_1"),
+        },
+    }
+
+
 def main() -> int:
+    global EPOCHS, STEPS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=EPOCHS)
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--no-local", action="store_true", help="skip the local backend")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "k8s_bare.json"))
+    ap.add_argument("--note", default="", help="what this run measures (e.g. which cut), kept in the file")
     args = ap.parse_args()
+    EPOCHS, STEPS = args.epochs, args.steps
     if not realnode.status()["healthy"]:
         print('the cluster is not up: eval "$(sudo scripts/cluster up)"', file=sys.stderr)
         return 2
     cluster = RealCluster().ensure()
     image = build_job_image()
+    files = bare_pods.baseline_files()
     work = Path(tempfile.mkdtemp(prefix="bench-realnode-"))
     tenant = make_tenant(cluster, "bench", work)
-    results: dict[str, list] = {"kubernetes": [], "local": []}
+    bare_ns = cluster.create_namespace(f"bench-bare-{uuid.uuid4().hex[:6]}")
+    results: dict[str, list] = {"kubernetes": [], "bare": [], "local": []}
+    loads: list[list[float]] = []
     try:
         start_notebook_pod(cluster, tenant)
         k = digits_kernel(tenant, image, work)
         try:
             for i in range(args.repeat):
+                loads.append([round(x, 2) for x in __import__("os").getloadavg()])
                 name = f"bench-{i}"
-                clock = PodClock(cluster, tenant.namespace, name)
-                results["kubernetes"].append(run_cell(k, run_line(name), clock))
+                clock = PodClock(lambda n=name: job_pods(cluster, tenant.namespace, n), 1 + WORKERS + PS)
+                results["kubernetes"].append(run_tfdist(k, cell(name), clock))
                 wait_gone(cluster, tenant.namespace, name, 120)
-                local = run_line(f"local-{i}").replace("%%tfdist run", "%%tfdist run --backend local", 1)
-                results["local"].append(run_cell(k, local))
+                results["bare"].append(run_bare(cluster, bare_ns, f"bare-{i}", image, files))
+                if not args.no_local:
+                    results["local"].append(run_tfdist(k, cell(f"local-{i}", "local")))
+                print(json.dumps({w: r[-1] for w, r in results.items() if r}), file=sys.stderr, flush=True)
         finally:
             k.shutdown()
     finally:
         drop_tenant(cluster, tenant)
-
-    def best(rows: list[dict], key: str) -> float | None:
-        vals = [r[key] for r in rows if r.get(key) is not None]
-        return min(vals) if vals else None
-
-    k8s_epoch, local_epoch = best(results["kubernetes"], "epoch_1"), best(results["local"], "epoch_1")
+        cluster.request("DELETE", f"/api/v1/namespaces/{bare_ns}")
     summary = {
-        "cell_start_to_first_epoch_s": {"kubernetes": k8s_epoch, "local": local_epoch},
-        "ratio_first_epoch": round(k8s_epoch / local_epoch, 2) if k8s_epoch and local_epoch else None,
-        "cell_s": {
-            "kubernetes": best(results["kubernetes"], "cell"),
-            "local": best(results["local"], "cell"),
-        },
+        **summarize({w: r for w, r in results.items() if r}),
+        "repeats": args.repeat,
+        "how": "median of the repeats, interleaved kubernetes, bare, local in each; seconds from the cell's "
+        "start (bare: LAUNCH_T0, the first object's creation)",
+        "job": f"bare_ps coordinator's model and data: {PS} PS, {WORKERS} workers, {EPOCHS} epochs x {STEPS} "
+        f"steps, batch 64, steps_per_execution 10; every pod cpu {CPU} (request = limit), memory {MEMORY}",
+        "note": args.note,
+        "load_average_at_each_repeat": loads,
         "runs": results,
-        "job": "examples/digits.ipynb: 1 PS, 2 workers, 8 epochs x 40 steps; --cpu 0.45 --memory 1536Mi",
         "machine": machine(),  # read from the machine; the node is this machine (containerd + runc)
     }
     text = json.dumps(summary, indent=1)
     print(text)
-    out = REPO / "benchmarks" / "results" / "k8s_realnode.json"
-    out.write_text(text + "\n")
+    Path(args.out).write_text(text + "\n")
     return 0
 
 
