@@ -10,6 +10,11 @@ process here) with the CA of a serving certificate made here, instead of a Servi
     ... pods labelled kueue.x-k8s.io/queue-name get Kueue's scheduling gate ...
     kueue.stop()
 
+Its visibility API (a user's place in line among every user's jobs) is served as in the release, behind an
+APIService, where the plane's API server has aggregation (tests/kube_plane.py): the server listens on this
+host's non-loopback address (the API server dials the endpoint itself and refuses loopback), with a
+serving certificate for its Service's name in Kueue's fixed /visibility (`visibility_cert`).
+
 The plane's admin credentials are system:masters, so no RBAC is installed. Kueue runs with the ``pod``
 integration only: a ``%%tfdist run`` job is admitted as one pod group (tfdist.kube.queueing), and the
 batch/Job integration would manage each of its Jobs on its own (docs/queueing.md).
@@ -483,7 +488,9 @@ def visibility_cert(cert_dir: Path = VISIBILITY_DIR) -> bytes:
 class KueueProcess:
     """Kueue's manager for one plane: installs the CRDs, starts the process (registered in the plane's
     ``procs``, so ``plane.stop()`` ends it and the plane's waits notice its death), installs the webhook
-    configurations, and returns once a pod labelled for a queue really gets Kueue's scheduling gate."""
+    configurations, and returns once a pod labelled for a queue really gets Kueue's scheduling gate (and,
+    with ``visibility`` and an API server that can proxy to it, once its visibility APIService is
+    Available)."""
 
     def __init__(
         self,
