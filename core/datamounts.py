@@ -124,11 +124,11 @@ class DataPathMissing(JobFailed):
         super().__init__(f"job {job} failed: {record.sentence()}", remote_traceback, job)
 
 
-# where TensorFlow's NotFoundError and Python's FileNotFoundError name the path they could not open
+# where TensorFlow's NotFoundError and Python's FileNotFoundError name the path they could not open (only
+# there: a message or traceback names many other paths, source files the notebook has too)
 _NAMED = (
     re.compile(r"(\S+); No such file or directory"),
     re.compile(r"No such file or directory: '([^']+)'"),
-    re.compile(r"(?:^|[\s'\"(\[{])(/[A-Za-z0-9._/+=@%,~-]+)"),
 )
 
 
@@ -161,7 +161,8 @@ def missing_data_path(
     kind, message = str(error.get("type", "")), str(error.get("message", ""))
     if "NotFound" not in kind and "No such file or directory" not in message:
         return None
-    for path in _named_paths(message):
+    # the message may be cut short on its way: the traceback's last line names the path too
+    for path in _named_paths(message) or _named_paths(str(error.get("traceback", ""))):
         absolute = path.startswith("/")
         if not exists(posixpath.normpath(posixpath.join(cwd, path))):
             continue

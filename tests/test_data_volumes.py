@@ -229,6 +229,14 @@ def test_a_path_only_the_notebook_has_becomes_one_sentence() -> None:
     assert decide({"type": "ValueError", "message": "/home/jovyan/train.tfrecord is odd"}) is None
     assert decide(err, backend="local") is None
     assert decide({}) is None
+    # the message cut short on its way: the traceback names the path; source files a traceback or a graph
+    # error names (which the notebook has too) are never taken for the data
+    here.add("/usr/lib/python3/dist-packages/keras/trainer.py")
+    src = 'File "/usr/lib/python3/dist-packages/keras/trainer.py", line 9, in fit'
+    cut = {"type": "NotFoundError", "message": f"Graph execution error: {src} ...", "traceback": src}
+    assert decide(cut) is None
+    cut["traceback"] += "\nNotFoundError: /home/jovyan/train.tfrecord; No such file or directory"
+    assert decide(cut) == rec
 
 
 def test_the_records_round_trip() -> None:
