@@ -5,7 +5,9 @@ Why a module of its own: `watch` only reads (the cluster runs the job). Three so
 one queue: the pod watch (tfdist.kube.podwatch: scheduling, task states, the verdict), the coordinator's
 agent once the payload is delivered (progress, metrics, logs) and the Kueue line while the job waits. A
 source that dies becomes a failed state, never a cell left waiting; a job that ended without results is
-released at once. `KubernetesBackend` mixes it in; it needs the backend's state, `status`, `stop`,
+released at once. A job Kueue preempted (tfdist.kube.preemption) whose cell this kernel still holds is
+submitted again, same spec and payload, and followed on: it waits in line and starts over when admitted.
+`KubernetesBackend` mixes it in; it needs the backend's state, `status`, `stop`, `submit`, `_root`,
 `_finish` and `_sampled`.
 """
 
@@ -19,12 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 from ..job.events import ErrorInfo, Event, MetricsEvent, Reader, SnapshotEvent, StateEvent
 from ..job.vocab import JobState, Reason
+from ..jobspec import JobSpec
 from ..jobview import JobView
+from ..kube import preemption
 from ..kube.cluster import KubeApi
 from ..kube.podwatch import PodWatch
-from ..kube.queueing_apply import queue_events
+from ..kube.queueing_apply import queue_events, workload_of
 from ..settings import Settings
+from .base import Launch
 from .kubework import KubeJob
+
+GONE_WAIT_S = (
+    120.0  # how long a preempted job's old root and Workload may take to go before it is resubmitted
+)
 
 
 class KubeWatch:
@@ -44,6 +53,8 @@ class KubeWatch:
         def _sampled(self, job: KubeJob, ev: MetricsEvent) -> None: ...
         async def status(self, name: str) -> JobView: ...
         async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool: ...
+        async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None: ...
+        async def _root(self, name: str) -> dict[str, Any] | None: ...
 
     async def watch(self, name: str) -> AsyncIterator[Event]:
         """Pod events (scheduling, task states) merged with the coordinator agent's (progress, metrics,
@@ -72,18 +83,44 @@ class KubeWatch:
                     )
                 )
 
-        pods = pump(self._pod_events(name, view), "the job's pods", "lost track of the job's pods")
-        workers = [asyncio.ensure_future(pods)]
-        if name in self._jobs:
-            agent = pump(self._agent_events(name), "the job's agent", "the coordinator")
-            workers.append(asyncio.ensure_future(agent))
-        if name in self._jobs and self.settings.kueue_queue:  # its place in Kueue's line while it waits
-            line = queue_events(await self.kube.api(), self.namespace, name, self.settings.kueue_queue)
-            workers.append(asyncio.ensure_future(pump(line, "Kueue", "lost track of the job's queue")))
+        async def sources() -> list[asyncio.Future]:
+            pods = pump(self._pod_events(name, view), "the job's pods", "lost track of the job's pods")
+            started = [asyncio.ensure_future(pods)]
+            if name in self._jobs:
+                agent = pump(self._agent_events(name), "the job's agent", "the coordinator")
+                started.append(asyncio.ensure_future(agent))
+            if name in self._jobs and self.settings.kueue_queue:  # its place in Kueue's line while it waits
+                line = queue_events(await self.kube.api(), self.namespace, name, self.settings.kueue_queue)
+                started.append(asyncio.ensure_future(pump(line, "Kueue", "lost track of the job's queue")))
+            return started
+
+        workers = await sources()
         try:
             while True:
                 ev = await q.get()
                 final = isinstance(ev, StateEvent) and ev.state.terminal
+                if final and self._resumable(name, ev):  # preempted: in line again, same cell
+                    for w in workers:
+                        w.cancel()
+                    await asyncio.gather(*workers, return_exceptions=True)
+                    while not q.empty():  # the evicted run's last words
+                        q.get_nowait()
+                    try:
+                        yield await self._resubmit(name, ev)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        ev = StateEvent(
+                            state=JobState.FAILED,
+                            t=time.time(),
+                            message=f"preempted, and could not be submitted again: {exc}"[:4096],
+                            error=ErrorInfo(type=type(exc).__name__[:200], message=str(exc)[:4096]),
+                        )
+                        self._finish(name)
+                        yield ev
+                        return
+                    workers = await sources()
+                    continue
                 if final and ev.state != JobState.SUCCEEDED:
                     await self._release(name)
                     self._finish(name)
@@ -93,6 +130,32 @@ class KubeWatch:
         finally:
             for w in workers:
                 w.cancel()
+
+    def _resumable(self, name: str, ev: StateEvent) -> bool:
+        """A verdict of preemption for a job whose cell this kernel holds (payload kept: a queued job)."""
+        job = self._jobs.get(name)
+        preempted = ev.error is not None and ev.error.reason == Reason.PREEMPTED
+        return preempted and job is not None and job.payload is not None and not job.detach
+
+    async def _resubmit(self, name: str, ev: StateEvent) -> StateEvent:
+        """Submit a preempted job again once its evicted objects are gone (a Workload of the same name
+        left behind would take the new pods for the finished group's); what the cell says meanwhile."""
+        job = self._jobs[name]
+        spec, payload = job.spec, job.payload or b""
+        await self.stop(name, Reason.PREEMPTED)
+        self._ended.discard(name)  # not ended: it comes back
+        api = await self.kube.api()
+        deadline = time.monotonic() + GONE_WAIT_S
+        while await self._root(name) is not None or await workload_of(api, self.namespace, name) is not None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"its evicted objects were still there after {GONE_WAIT_S:g}s")
+            await asyncio.sleep(0.5)
+        await self.submit(spec, payload, Launch())
+        said = ev.error.message if ev.error is not None else ""
+        queue = self.settings.kueue_queue or ""
+        return StateEvent(
+            state=JobState.PENDING, message=preemption.requeued(said, queue, spec.checkpoint_every)
+        )
 
     async def _release(self, name: str) -> None:
         """A job that ended without results: the notebook has its verdict, so its coordinator need not wait

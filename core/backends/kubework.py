@@ -70,7 +70,8 @@ class KubeJobWork:
         except Exception as exc:
             job.delivery_error = exc
         finally:
-            job.payload = None  # delivered or failed: the kernel keeps no copy (it may be hundreds of MB)
+            if not self.settings.kueue_queue:  # a queued job may be preempted and sent again (kubewatch)
+                job.payload = None  # delivered or failed: the kernel keeps no copy (it may be hundreds of MB)
             job.delivered.set()
 
     async def _chief_ip(self, job: KubeJob) -> str:

@@ -89,12 +89,14 @@ class PodFold:
     def _preempted(self) -> StateEvent | None:
         if self.preempted is None:
             return None
-        why = f"{self.preempted.sentence()}; it is not resumed: run the cell again"
-        return StateEvent(
-            state=JobState.FAILED,
-            t=time.time(),
-            message=why,
-            error=ErrorInfo(type=FailureKind.PREEMPTED.value, message=why, reason=Reason.PREEMPTED),
+        said = self.preempted.sentence()
+        return (
+            StateEvent(  # the kernel that holds the job's cell submits it again (tfdist.backends.kubewatch)
+                state=JobState.FAILED,
+                t=time.time(),
+                message=f"{said}; the kernel that ran its cell submits it again, if it is still there",
+                error=ErrorInfo(type=FailureKind.PREEMPTED.value, message=said, reason=Reason.PREEMPTED),
+            )
         )
 
     def _evicted(self, pod: Pod) -> None:

@@ -102,3 +102,12 @@ def eviction(pod: Mapping[str, Any]) -> Preemption | None:
         if reason.startswith(STOP_EVICTED) and message.startswith(PREEMPTED_PREFIX):
             return Preemption(reclaimed_by=_preemptor_queue(message), message=message)
     return None
+
+
+def requeued(said: str, queue: str, checkpoint_every: int | None) -> str:
+    """What the cell says when its preempted job is submitted again: it waits in line, then starts over.
+    With --checkpoint-every too: its checkpoints lived in the evicted coordinator pod."""
+    again = f"{said}; waiting in queue {queue} again, it starts from the beginning when admitted"
+    if checkpoint_every:
+        again += " (its checkpoints were in the evicted coordinator pod)"
+    return again
