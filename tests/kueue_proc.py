@@ -34,6 +34,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -554,7 +555,8 @@ class KueueProcess:
             self._apply(f"/apis/admissionregistration.k8s.io/v1/{kind}", with_client_config(wh, base, ca_pem))
 
         if self.want_visibility and self._aggregation():
-            address = host_address(plane.address)
+            # the API server's own address (a running cluster's client plane has no `address`)
+            address = host_address(urllib.parse.urlsplit(plane.server).hostname or "127.0.0.1")
             plane.ports["kueue-visibility"] = plane._free_port(address)
             self.visibility = (address, plane.ports["kueue-visibility"])
             for obj in visibility_objects(*self.visibility, visibility_cert()):
