@@ -170,7 +170,7 @@ def test_a_job_without_progress_is_called_stuck_with_its_cpu(tf_kernel):
     w = Watched(
         tf_kernel,
         "%%tfdist run --name quiet --workers 1 --ps 1 --stall-timeout 4\n"
-        "import time\ntime.sleep(20)\ny = 7\n",
+        "import time\ntime.sleep(12)\ny = 7\n",  # stuck after 4 s of it, and 8 s more to say so
     )
     w.wait(240)
     assert w.error is None, w.error
