@@ -14,12 +14,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.hub_fixtures import start_hub
+from tests.hub_fixtures import RunningHub, start_hub
 from tests.test_hub_local import GROUPS, _env_of, _free_text, as_json
 from tfdist.gpus import NvmlInventory, visible_gpus
 from tfdist.nvml import Nvml
@@ -222,37 +223,6 @@ profiles:
 SLICE = {"profile": "gpu", "cpu": "1", "memory": "1", "gpus": "2", "gpu_model": "mig1g", "image": "local"}
 
 
-def test_the_hub_form_shows_free_instances_per_profile_and_hands_them_out(tmp_path: Path) -> None:
-    nvml = tmp_path / "nvml.json"
-    nvml.write_text(json.dumps(MACHINE))
-    extra = (
-        f"import os\nsys.path.insert(0, {str(DOUBLES / 'fake_pynvml')!r})\n"
-        f"os.environ['TFDIST_FAKE_NVML'] = {str(nvml)!r}\n"
-    )
-    h = start_hub(tmp_path / "hub", profiles_yaml=PROFILES, groups=GROUPS, extra=extra)
-    try:
-        free = _free_text(h.spawn_form("alice").text)
-        for text in (
-            "A100 slice 1g.10gb: 2 of 2 free",
-            "A100 slice 3g.40gb: 1 of 1 free",
-            "NVIDIA A100 80GB: 1 of 1 free",
-        ):
-            assert text in free, free
-        ok = h.api("POST", "/users/alice/server", json={"user_options": as_json(SLICE)})
-        assert ok.status_code in (201, 202), ok.text
-        h.wait_ready("alice")
-        env = _env_of(h.server_pid("alice"))
-        assert env["CUDA_VISIBLE_DEVICES"] == f"{MIG_A},{MIG_B}" and env["TFDIST_GPUS"] == "2"
-        r = h.api("POST", "/users/bob/server", json={"user_options": as_json({**SLICE, "gpus": "1"})})
-        assert r.status_code == 400 and "only 0 free" in r.json()["message"], r.text
-        assert "A100 slice 1g.10gb: 0 of 2 free" in _free_text(h.spawn_form("bob").text)
-        h.stop_server("alice")
-        assert "A100 slice 1g.10gb: 2 of 2 free" in _free_text(h.spawn_form("bob").text)
-    finally:
-        h.stop()
-
-
-# ------------------------------------------------------------------ MIG and the GPU-idle culler, end to end
 CULLING = """
 gpu_admin:
   culling:
@@ -261,15 +231,16 @@ gpu_admin:
 """
 
 
-def test_a_mig_server_shows_unmeasured_utilization_and_is_never_culled_for_it(tmp_path: Path) -> None:
-    """NVML cannot measure a MIG instance's utilization: the server reports its instances' memory and no
-    utilization, the admin page says "n/a (MIG)" and why the culler leaves it alone, and it is still up
-    well past the idle limit; a whole GPU's idle server on the same rule is stopped meanwhile."""
-    from tests.test_hub_gpu_culler import ADMIN_PASSWORD, admin_session, page_rows, server_get
+@pytest.fixture(scope="module")
+def mig_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
+    """One hub for the module's hub tests (a start is seconds, tens under load): MACHINE's NVML, the
+    GPU admin service and the culler's rule, first instance's memory in use."""
+    from tests.test_hub_gpu_culler import ADMIN_PASSWORD
 
+    tmp = tmp_path_factory.mktemp("mighub")
     machine = json.loads(json.dumps(MACHINE))
     machine["gpus"][0]["mig"][0]["mem_used_mib"] = 700.0
-    nvml = tmp_path / "nvml.json"
+    nvml = tmp / "nvml.json"
     nvml.write_text(json.dumps(machine))
     path = os.pathsep.join(p for p in (str(DOUBLES / "fake_pynvml"), os.environ.get("PYTHONPATH")) if p)
     extra = f"""
@@ -291,45 +262,77 @@ c.Authenticator.admin_users = {{"boss"}}
     repo = str(Path(__file__).resolve().parent.parent)
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, old) if p)
-    h = start_hub(tmp_path / "hub", profiles_yaml=PROFILES + CULLING, groups=GROUPS, extra=extra)
+    h = start_hub(tmp / "hub", profiles_yaml=PROFILES + CULLING, groups=GROUPS, extra=extra)
     try:
-        for user, options in (("alice", SLICE), ("bob", {**SLICE, "gpus": "1", "gpu_model": "a100"})):
-            ok = h.api("POST", f"/users/{user}/server", json={"user_options": as_json(options)})
-            assert ok.status_code in (201, 202), ok.text
-            h.wait_ready(user)
-        started = time.monotonic()
-        gpus = server_get(h, "alice", "gpus")
-        assert [g["name"] for g in gpus["gpus"]] == [f"{A100} MIG 1g.10gb"] * 2
-        last = gpus["samples"][-1]["gpus"]
-        assert [(g["util (%)"], g["util_missing"], g["mem_used (MiB)"]) for g in last] == [
-            (None, "mig", 700.0),
-            (None, "mig", 0.0),
-        ]
-        admin = admin_session(h)
-        row: dict[str, Any] = {}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and row.get("action") != "unmeasured":
-            row = page_rows(admin, h).get("alice/") or {}
-            time.sleep(0.5)
-        assert row.get("action") == "unmeasured", (row, h.log_tail())
-        assert row["util_text"] == ["n/a (MIG)", "n/a (MIG)"] and row["util"] == [None, None]
-        assert "not measurable on a MIG instance" in row["reason"] and row["reason"].endswith("not culled")
-        assert [g["label"] for g in row["gpus"]] == [f"{A100} MIG instance"] * 2
-        # bob's whole A100 at 0 %: warned and stopped on the same rule; alice is left alone all along
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and "" in h.servers("bob"):
-            time.sleep(0.5)
-        assert "" not in h.servers("bob"), h.log_tail()
-        # alice was up before bob on the same rule: had her instances counted as idle, she would have gone
-        # first; past bob's cull, the idle limit and the warning, and some of the service's checks
-        while time.monotonic() - started < 30:
-            time.sleep(1)
-        assert h.servers("alice")[""]["ready"]
-        assert server_get(h, "alice", "notice")["notice"] is None
-        assert page_rows(admin, h)["alice/"]["action"] == "unmeasured"
+        yield h
     finally:
         h.stop()
         if old is None:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old
+
+
+def test_the_hub_form_shows_free_instances_per_profile_and_hands_them_out(mig_hub: RunningHub) -> None:
+    h = mig_hub
+    free = _free_text(h.spawn_form("alice").text)
+    for text in (
+        "A100 slice 1g.10gb: 2 of 2 free",
+        "A100 slice 3g.40gb: 1 of 1 free",
+        "NVIDIA A100 80GB: 1 of 1 free",
+    ):
+        assert text in free, free
+    ok = h.api("POST", "/users/alice/server", json={"user_options": as_json(SLICE)})
+    assert ok.status_code in (201, 202), ok.text
+    h.wait_ready("alice")
+    env = _env_of(h.server_pid("alice"))
+    assert env["CUDA_VISIBLE_DEVICES"] == f"{MIG_A},{MIG_B}" and env["TFDIST_GPUS"] == "2"
+    r = h.api("POST", "/users/bob/server", json={"user_options": as_json({**SLICE, "gpus": "1"})})
+    assert r.status_code == 400 and "only 0 free" in r.json()["message"], r.text
+    assert "A100 slice 1g.10gb: 0 of 2 free" in _free_text(h.spawn_form("bob").text)
+    h.stop_server("alice")
+    assert "A100 slice 1g.10gb: 2 of 2 free" in _free_text(h.spawn_form("bob").text)
+
+
+# ------------------------------------------------------------------ MIG and the GPU-idle culler, end to end
+def test_a_mig_server_shows_unmeasured_utilization_and_is_never_culled_for_it(mig_hub: RunningHub) -> None:
+    """NVML cannot measure a MIG instance's utilization: the server reports its instances' memory and no
+    utilization, the admin page says "n/a (MIG)" and why the culler leaves it alone, and it is still up
+    well past the idle limit; a whole GPU's idle server on the same rule is stopped meanwhile."""
+    from tests.test_hub_gpu_culler import admin_session, page_rows, server_get
+
+    h = mig_hub
+    for user, options in (("alice", SLICE), ("bob", {**SLICE, "gpus": "1", "gpu_model": "a100"})):
+        ok = h.api("POST", f"/users/{user}/server", json={"user_options": as_json(options)})
+        assert ok.status_code in (201, 202), ok.text
+        h.wait_ready(user)
+    started = time.monotonic()
+    gpus = server_get(h, "alice", "gpus")
+    assert [g["name"] for g in gpus["gpus"]] == [f"{A100} MIG 1g.10gb"] * 2
+    last = gpus["samples"][-1]["gpus"]
+    assert [(g["util (%)"], g["util_missing"], g["mem_used (MiB)"]) for g in last] == [
+        (None, "mig", 700.0),
+        (None, "mig", 0.0),
+    ]
+    admin = admin_session(h)
+    row: dict[str, Any] = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and row.get("action") != "unmeasured":
+        row = page_rows(admin, h).get("alice/") or {}
+        time.sleep(0.5)
+    assert row.get("action") == "unmeasured", (row, h.log_tail())
+    assert row["util_text"] == ["n/a (MIG)", "n/a (MIG)"] and row["util"] == [None, None]
+    assert "not measurable on a MIG instance" in row["reason"] and row["reason"].endswith("not culled")
+    assert [g["label"] for g in row["gpus"]] == [f"{A100} MIG instance"] * 2
+    # bob's whole A100 at 0 %: warned and stopped on the same rule; alice is left alone all along
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and "" in h.servers("bob"):
+        time.sleep(0.5)
+    assert "" not in h.servers("bob"), h.log_tail()
+    # alice was up before bob on the same rule: had her instances counted as idle, she would have gone
+    # first; past bob's cull, the idle limit and the warning, and some of the service's checks
+    while time.monotonic() - started < 30:
+        time.sleep(1)
+    assert h.servers("alice")[""]["ready"]
+    assert server_get(h, "alice", "notice")["notice"] is None
+    assert page_rows(admin, h)["alice/"]["action"] == "unmeasured"
