@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from tests import kube_plane
-from tests.kueue_proc import kueue_missing
-from tests.test_kueue_plane import _in_ci, api_client, bound, spec, until
+from tests.kueue_fixtures import kueue_plane
+from tests.test_kueue_plane import api_client, bound, spec, until
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.job.vocab import JobState, Reason
@@ -118,20 +117,21 @@ def test_a_preempted_job_is_said_so_not_a_failed_coordinator():
     assert "to give queue qb its quota back" in v.message
 
 
+def test_the_requeued_cell_says_where_it_waits_and_that_it_starts_over():
+    said = "preempted by Kueue to give queue qb its quota back"
+    assert pre.requeued(said, QA, None) == (
+        f"{said}; waiting in queue qa again, it starts from the beginning when admitted"
+    )
+    assert pre.requeued(said, QA, 50).endswith("(its checkpoints were in the evicted coordinator pod)")
+
+
 # --------------------------------------------------------------------------------- the kwok plane
 
 
 @pytest.fixture(scope="module")
-def kp():
-    bin_dir = kube_plane.find_bin_dir()
-    why = ", ".join(kube_plane.missing_binaries(bin_dir)) or kueue_missing()
-    if why:
-        if _in_ci():
-            pytest.fail(f"{why} [CI is set, so this is an error]", pytrace=False)
-        pytest.skip(why)
-    plane = kube_plane.ControlPlane(bin_dir, kueue=True)
+def kp(request):
+    plane = kueue_plane(request.config, __name__)  # the process's one plane with Kueue, bare
     try:
-        plane.start()
         plane.add_gpu_nodes(1, 8, H100["nvidia.com/gpu.product"])
         for ns in (ANN, BOB):
             plane.create_namespace(ns)
@@ -149,7 +149,6 @@ def kp():
         yield plane
     finally:
         print(f"\npreemption plane timings: {TIMES}")
-        plane.stop()
 
 
 def backend(plane, ns: str, queue: str) -> KubernetesBackend:

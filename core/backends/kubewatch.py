@@ -114,13 +114,19 @@ class KubeWatch:
                             state=JobState.FAILED,
                             t=time.time(),
                             message=f"preempted, and could not be submitted again: {exc}"[:4096],
-                            error=ErrorInfo(type=type(exc).__name__[:200], message=str(exc)[:4096]),
+                            error=ErrorInfo(
+                                type=type(exc).__name__[:200],
+                                message=str(exc)[:4096],
+                                reason=Reason.PREEMPTED,
+                            ),
                         )
                         self._finish(name)
                         yield ev
                         return
                     workers = await sources()
                     continue
+                if final and (job := self._jobs.get(name)) is not None:
+                    job.payload = None  # kept for a queued job while it could be preempted (_resubmit)
                 if final and ev.state != JobState.SUCCEEDED:
                     await self._release(name)
                     self._finish(name)
