@@ -86,9 +86,24 @@ def test_empty_options_skip_a_gpu_profile_listed_first_when_there_are_no_gpus() 
 # ---- a real hub with no GPU -------------------------------------------------------------------------
 
 
+# slowpoke's start takes 25 s (test_a_slow_start_still_reaches_the_spawn_page); everyone else's is as ever
+SLOW_START = (
+    "import asyncio\n"
+    "async def _slow(spawner):\n"
+    "    if spawner.user.name == 'slowpoke':\n"
+    "        await asyncio.sleep(25)\n"
+    "c.Spawner.pre_spawn_hook = _slow\n"
+)
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningHub]:
-    h = start_hub(tmp_path_factory.mktemp("nogpuhub"), profiles_yaml=PACKAGED.read_text(), fake_gpus=[])
+    h = start_hub(
+        tmp_path_factory.mktemp("nogpuhub"),
+        profiles_yaml=PACKAGED.read_text(),
+        fake_gpus=[],
+        extra=SLOW_START,
+    )
     try:
         yield h
     finally:
@@ -126,33 +141,25 @@ def test_real_hub_form_and_refusals_without_gpus(hub: RunningHub) -> None:
     assert hub.servers("nina") == {}
 
 
-def test_a_slow_start_still_reaches_the_spawn_page(tmp_path: Path) -> None:
+def test_a_slow_start_still_reaches_the_spawn_page(hub: RunningHub) -> None:
     """The spawn page follows the start through the proxy's progress stream; a start over 20 s (a busy
     machine) used to cut it (the Python proxy's default timeout), leaving the page waiting for good."""
     import time
 
     import requests
 
-    from tests.hub_fixtures import running_hub
-
-    slow = (
-        "import asyncio\n"
-        "async def _slow(spawner):\n    await asyncio.sleep(25)\n"
-        "c.Spawner.pre_spawn_hook = _slow\n"
+    t0 = time.monotonic()
+    r = hub.post_form("slowpoke", {"profile": "cpu", "cpu": "1", "memory": "1", "image": "local"})
+    assert r.status_code == 302, error_text(r)
+    s: requests.Session = hub.session("slowpoke")
+    prog = s.get(
+        f"{hub.url}/hub/api/users/slowpoke/server/progress",
+        params={"_xsrf": s.cookies.get("_xsrf")},
+        headers={"Accept": "text/event-stream"},
+        timeout=300,
     )
-    with running_hub(tmp_path, profiles_yaml=PACKAGED.read_text(), fake_gpus=[], extra=slow) as hub:
-        t0 = time.monotonic()
-        r = hub.post_form("slowpoke", {"profile": "cpu", "cpu": "1", "memory": "1", "image": "local"})
-        assert r.status_code == 302, error_text(r)
-        s: requests.Session = hub.session("slowpoke")
-        prog = s.get(
-            f"{hub.url}/hub/api/users/slowpoke/server/progress",
-            params={"_xsrf": s.cookies.get("_xsrf")},
-            headers={"Accept": "text/event-stream"},
-            timeout=300,
-        )
-        took = time.monotonic() - t0
-        assert prog.status_code == 200, (prog.status_code, prog.text[:500])
-        assert '"ready": true' in prog.text, prog.text[-1000:]
-        assert took > 25
-        hub.stop_server("slowpoke")
+    took = time.monotonic() - t0
+    assert prog.status_code == 200, (prog.status_code, prog.text[:500])
+    assert '"ready": true' in prog.text, prog.text[-1000:]
+    assert took > 25
+    hub.stop_server("slowpoke")
