@@ -96,7 +96,14 @@ def test_plan_line_magic_on_a_wide_model_names_its_size(tf_kernel):
         timeout=60,
     )
     assert r.error is None, r.error_text
-    r = tf_kernel.execute("%tfdist plan wide train_ds --steps-per-epoch 10", timeout=240)
+    # what is asserted is the model's size and its placement: the probe's shortest timing (5 steps at
+    # each batch, not up to 4 s) serves, and spares seconds of a 17-million-parameter step
+    r = tf_kernel.execute(
+        "os.environ['TFDIST_PROBE_SECONDS'] = '0.5'\n"
+        "try:\n    %tfdist plan wide train_ds --steps-per-epoch 10\n"
+        "finally:\n    del os.environ['TFDIST_PROBE_SECONDS']",
+        timeout=240,
+    )
     assert r.error is None, r.error_text
     # 64x4096 + 4096 + 4096x4096 + 4096 + 4096x10 + 10 parameters, float32
     assert "wide: 17,088,522 parameters (68.4 MB in 6 variables, the largest 67.1 MB)" in r.text, r.text
