@@ -115,6 +115,17 @@ def test_a_preempted_job_is_said_so_not_a_failed_coordinator():
     assert v is not None and v.state == JobState.FAILED
     assert v.error is not None and v.error.reason == Reason.PREEMPTED.value
     assert "to give queue qb its quota back" in v.message
+    # a coordinator that exited 0 on the eviction's SIGTERM did not finish: still preempted
+    fold = PodFold(expected=2)
+    fold.listed([chief])
+    fold.changed("MODIFIED", {**chief, "status": {"phase": "Succeeded", "conditions": [cond]}})
+    assert (fold.verdict() or v).error.reason == Reason.PREEMPTED.value
+    # one that finished before a worker was evicted did
+    fold = PodFold(expected=2)
+    worker = {"metadata": {"name": "j-w", "labels": {mf.L_JOB: "j", mf.L_TASK: "worker-0"}}}
+    fold.listed([chief, {**worker, "status": {"phase": "Failed", "conditions": [cond]}}])
+    fold.changed("MODIFIED", {**chief, "status": {"phase": "Succeeded"}})
+    assert fold.verdict().state == JobState.SUCCEEDED
 
 
 def test_the_requeued_cell_says_where_it_waits_and_that_it_starts_over():

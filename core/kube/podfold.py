@@ -37,6 +37,7 @@ class PodFold:
         self.current: dict[str, str] = {}  # task -> name of its newest pod
         self.restarts: dict[str, int] = {}
         self.preempted: Preemption | None = None  # Kueue evicted the job's pods (its pod condition says)
+        self.evicted: set[str] = set()  # tasks whose pod Kueue stopped while it ran
 
     @staticmethod
     def relevant(pod: Pod) -> bool:
@@ -77,8 +78,11 @@ class PodFold:
         """The final state event once the tasks say the job ended, else None. Tasks that failed because
         Kueue evicted the job are its preemption, not a failure of the job's own."""
         done = st.outcome(self.tasks, self.strategy)
-        if self.preempted is not None and (self.empty or (done and done.state == JobState.FAILED)):
-            return self._preempted()  # Kueue deleted every pod: the Job controllers bring none back
+        # Kueue deleted every pod: the Job controllers bring none back. A coordinator that exited 0 on the
+        # eviction's SIGTERM did not finish the fit either.
+        ended = done is not None and (done.state == JobState.FAILED or "chief-0" in self.evicted)
+        if self.preempted is not None and (self.empty or ended):
+            return self._preempted()
         return done
 
     def gone(self, listed: bool) -> StateEvent:
@@ -100,7 +104,10 @@ class PodFold:
         )
 
     def _evicted(self, pod: Pod) -> None:
-        self.preempted = self.preempted or eviction(pod)
+        found = eviction(pod)
+        if found is not None:
+            self.preempted = self.preempted or found
+            self.evicted.add(st.pod_task(pod) or "")
 
     def running(self) -> list[Event]:
         """The job's "running" event, once: when every expected task runs (or has finished)."""
