@@ -39,7 +39,8 @@ def wait_until(kernel, name: str, th, box, ok, what: str, timeout: float = 300) 
 
 def test_lost_ps_is_restarted_and_the_fit_resumes_with_one_history(tf_kernel):
     r = tf_kernel.execute(
-        # paced data (tests.kernels.paced): 2 workers take >= 16 s for the 320 steps on any CPU
+        # paced data (tests.kernels.paced): 2 workers take >= 10 s for the 200 steps on any CPU, >= 7 s of
+        # them after the first epoch's checkpoint, where the PS is killed
         f"w0 = [w.copy() for w in model.get_weights()]\n{PACE_IMPORT}paced_ds = {paced('train_ds')}\n",
         timeout=30,
     )
@@ -47,7 +48,7 @@ def test_lost_ps_is_restarted_and_the_fit_resumes_with_one_history(tf_kernel):
     name = "ps-back"
     cell = (
         f"%%tfdist run --workers 2 --ps 1 --checkpoint-every 20 --name {name}\n"
-        "history = model.fit(paced_ds, epochs=8, steps_per_epoch=40)\n"
+        "history = model.fit(paced_ds, epochs=5, steps_per_epoch=40)\n"
     )
     th, box = tf_kernel.execute_in_background(cell, timeout=600)
     progress = os.path.join(tf_kernel.state_dir, name, "ckpt", "progress.json")
@@ -83,7 +84,7 @@ def test_lost_ps_is_restarted_and_the_fit_resumes_with_one_history(tf_kernel):
         timeout=60,
     )
     assert r.error is None, r.error_text
-    assert r.text.split("\n")[:4] == ["[0, 1, 2, 3, 4, 5, 6, 7]", "8 True", "True", "True"], r.text
+    assert r.text.split("\n")[:4] == ["[0, 1, 2, 3, 4]", "5 True", "True", "True"], r.text
     r = tf_kernel.execute(f"%tfdist logs {name}", timeout=60)
     assert "parameter server ps-0 was killed" in r.text or "parameter server ps-0 exited" in r.text, r.text
     assert "resumes from the last checkpoint" in r.text
