@@ -311,7 +311,7 @@ async def latency_burst(plane: ControlPlane, ns: str, queue: str | None, n: int,
         async with PodTimes(plane, [ns]) as times:
             await asyncio.gather(*(submit(x) for x in names))
             await until(
-                f"{n} jobs bound", lambda: all(times.all_bound_at(ns, x) for x in names), 300, every=0.2
+                f"{n} jobs bound", lambda: all(times.all_bound_at(ns, x) for x in names), 900, every=0.2
             )
             lat = [times.all_bound_at(ns, x) - created[x] for x in names]  # type: ignore[operator]
     finally:
@@ -352,8 +352,11 @@ async def latency(plane: ControlPlane, levels: list[int]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------- main
 
 
-async def run(plane: ControlPlane, users: list[int], jobs: int, run_s: float, levels: list[int]) -> tuple:
-    lat = await latency(plane, levels) if levels else None
+async def run(
+    plane: ControlPlane, users: list[int], jobs: int, run_s: float, levels: list[int], write: Any
+) -> None:
+    """Fair share first (a few minutes), then the latency bursts; each results file written once its
+    part is done."""
     fair_rows = []
     for n in users:
         names = [f"u{n}-{i}" for i in range(1, n + 1)]
@@ -366,7 +369,10 @@ async def run(plane: ControlPlane, users: list[int], jobs: int, run_s: float, le
             )
             print(json.dumps(row), flush=True)
         fair_rows.append(row)
-    return fair_rows, lat
+    if fair_rows:
+        write("kueue_fairshare.json", {"fair_share": fair_rows})
+    if levels:
+        write("kueue_latency.json", await latency(plane, levels))
 
 
 def tables(out_dir: Path) -> str:
@@ -434,26 +440,29 @@ def main() -> None:
     users = [int(x) for x in args.users.split(",") if x]
     levels = [int(x) for x in args.levels.split(",") if x]
     plane = ControlPlane(kueue=True)
+    out = Path(args.out_dir)
     t0 = time.monotonic()
+    started: dict[str, float] = {}
+
+    def write(name: str, doc: dict[str, Any]) -> None:
+        common = {
+            "plane_with_kueue_start_s": round(started["plane_s"], 1),
+            "kueue_version": "v0.17.0",
+            "machine": machine(),
+        }
+        text = json.dumps({**doc, **common}, indent=2)
+        print(text, flush=True)
+        (out / name).write_text(text + "\n")
+
     try:
         plane.start()
-        plane_s = time.monotonic() - t0
+        started["plane_s"] = time.monotonic() - t0
         plane.add_gpu_nodes(1, 8, H100)  # the fair-share queue's 8 GPUs
         # room for 100 jobs of 3 pods at once (110 pods per kwok node), no GPUs used
         plane.add_gpu_nodes(4, 0, "cpu-only", cpu="64", name_prefix="kwok-cpu")
-        fair_rows, lat = asyncio.run(run(plane, users, args.jobs, args.run_s, levels))
+        asyncio.run(run(plane, users, args.jobs, args.run_s, levels, write))
     finally:
         plane.stop()
-    m = machine()
-    out = Path(args.out_dir)
-    common = {"plane_with_kueue_start_s": round(plane_s, 1), "kueue_version": "v0.17.0", "machine": m}
-    fair_doc = {"fair_share": fair_rows, **common}
-    lat_doc = {**(lat or {}), **common}
-    print(json.dumps({"fair_share": fair_rows, "latency": lat}, indent=2))
-    if fair_rows:
-        (out / "kueue_fairshare.json").write_text(json.dumps(fair_doc, indent=2) + "\n")
-    if lat:
-        (out / "kueue_latency.json").write_text(json.dumps(lat_doc, indent=2) + "\n")
 
 
 if __name__ == "__main__":
