@@ -30,11 +30,10 @@ from .outcome import coordinator_outcome
 
 ORPHAN_AFTER_S = 30.0  # a server whose agent is unreachable this long ends itself
 TERMINATED = 143  # 128 + SIGTERM: a pod ended by the cluster has failed, whatever it was doing
+ENV_GATE_FD = "_TFDIST_PAYLOAD_GATE_FD"  # run_gated_coordinator reads its go from this pipe
 
 
 def run_chief() -> int:
-    from .agent import AgentState, serve, wait_until
-
     # As a container's PID 1 this process ignores SIGTERM unless it handles it: a pod deleted while it
     # waits for the payload would otherwise linger for the whole grace period.
     signal.signal(signal.SIGTERM, lambda *_: os._exit(TERMINATED))
@@ -44,14 +43,23 @@ def run_chief() -> int:
         raise SettingsError(f"{ENV_TOKEN} is not set: chief-0's agent takes no request without it")
     port = ts.agent_port
     jobdir = tempfile.mkdtemp(prefix="tfdist-job-")
+    # The coordinator starts first, gated: TensorFlow loads while the agent starts and the notebook sends
+    # the payload (after the payload, that import took 3-4 s of a 0.45-core pod's path to the first epoch)
+    from .pspod import PsWatch
+
+    watch = PsWatch.from_env(jobdir, lambda _ev: None)  # only its environment: _run_coordinator follows
+    early = _start_coordinator(jobdir, watch.coordinator_env() if watch else {}, gated=True)
+    from .agent import AgentState, serve, wait_until
+
     state = AgentState(jobdir, token)
     srv = serve(state, port)
     print(f"tfdist: agent listening on :{port}", flush=True)
     state.log.add(to_wire(ProgressEvent(phase="waiting for the payload")))
-    if not wait_until(state.payload_ready.is_set, ts.payload_wait_s):
+    if not state.payload_ready.wait(ts.payload_wait_s):
         print("tfdist: no payload arrived; giving up", flush=True)
+        early.abandon()
         return 3
-    code = _run_coordinator(state, jobdir)
+    code = _run_coordinator(state, jobdir, early)
     out = coordinator_outcome(jobdir, code)  # the same reading as the local supervisor's
     done = to_wire(
         StateEvent(
@@ -69,27 +77,96 @@ def run_chief() -> int:
     return code
 
 
-def _run_coordinator(state: Any, jobdir: str) -> int:
+class _Coordinator:
+    """A coordinator subprocess and the read end of its events; `gated`: started before the payload, it
+    imports what the coordinator needs, then waits for `open()` (or ends at `abandon()`)."""
+
+    def __init__(self, proc: subprocess.Popen, events: int, gate: int | None):
+        self.proc, self.events, self.gate = proc, events, gate
+
+    def open(self) -> None:
+        if self.gate is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.gate, b"1")
+            os.close(self.gate)
+            self.gate = None
+
+    def abandon(self) -> None:
+        if self.gate is not None:
+            os.close(self.gate)  # EOF without the byte: the process ends at once
+            self.gate = None
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        self.proc.wait()
+        os.close(self.events)
+
+
+def _start_coordinator(jobdir: str, extra_env: dict[str, str], gated: bool = False) -> _Coordinator:
+    r, w = os.pipe()
+    env = dict(os.environ) | {ENV_EVENTS_FD: str(w)} | extra_env
+    fds = [w]
+    gate_r = gate_w = None
+    if gated:
+        gate_r, gate_w = os.pipe()
+        env[ENV_GATE_FD] = str(gate_r)
+        fds.append(gate_r)
+        cmd = [sys.executable, "-u", "-m", "tfdist.runtime.podmain", "coordinator", jobdir]
+    else:
+        cmd = [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir]
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        pass_fds=tuple(fds),
+        preexec_fn=die_with_parent(),  # outside a container too, nothing outlives this process
+    )
+    os.close(w)
+    if gate_r is not None:
+        os.close(gate_r)
+    return _Coordinator(proc, r, gate_w)
+
+
+def run_gated_coordinator(jobdir: str) -> int:
+    """The coordinator started before its payload: the imports of tfdist.runtime.coordinator.run (same
+    environment first: thread pools and Keras 2 are read at TensorFlow's import), then the gate's byte,
+    then the coordinator itself. No byte (the chief gave up): exit 3 without running anything."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    gate = int(os.environ.pop(ENV_GATE_FD))
+    from ..taskenv import ensure_threads
+
+    ensure_threads()
+    import cloudpickle  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # tf.keras under TF_USE_LEGACY_KERAS
+        import tf_keras  # noqa: F401
+    from .. import payload  # noqa: F401
+    from . import coordinator, strategy  # noqa: F401
+
+    with os.fdopen(gate, "rb") as f:
+        if f.read(1) != b"1":
+            return 3
+    return coordinator.run(jobdir)
+
+
+def _run_coordinator(state: Any, jobdir: str, early: _Coordinator | None = None) -> int:
     """The coordinator subprocess, its events into the agent's log; with --checkpoint-every, started again
-    after a lost PS came back (tfdist.runtime.pspod), resuming from its checkpoint."""
+    after a lost PS came back (tfdist.runtime.pspod), resuming from its checkpoint. `early`: the first one,
+    started gated before the payload came (with the same checkpoint environment)."""
     from .pspod import PsWatch
 
     watch = PsWatch.from_env(jobdir, state.log.add)
     while True:
-        r, w = os.pipe()
-        env = dict(os.environ) | {ENV_EVENTS_FD: str(w)}
-        if watch is not None:
-            env |= watch.coordinator_env()
-        proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "tfdist.runtime.coordinator", jobdir],
-            env=env,
-            pass_fds=(w,),
-            preexec_fn=die_with_parent(),  # outside a container too, nothing outlives this process
-        )
-        os.close(w)
+        if early is not None:
+            coord, early = early, None
+            coord.open()
+        else:
+            coord = _start_coordinator(jobdir, watch.coordinator_env() if watch is not None else {})
+        proc = coord.proc
         if watch is not None:
             watch.follow(proc)
-        with os.fdopen(r, "rb") as pipe:
+        with os.fdopen(coord.events, "rb") as pipe:
             for line in pipe:
                 try:
                     state.log.add(wire.loads(line))
@@ -236,6 +313,8 @@ def main() -> int:
         task_environment(role.removeprefix("allreduce-"))
     if role == "chief":
         return run_chief()
+    if role == "coordinator":  # started by run_chief, before the payload
+        return run_gated_coordinator(sys.argv[2])
     if role in ("worker", "ps"):
         return run_server(role)
     if role in ("allreduce-worker", "allreduce-chief"):  # every replica of an all-reduce job runs the cell
