@@ -131,6 +131,7 @@ def drop_volumes(cluster, ns: str) -> None:
 def test_a_dataset_larger_than_a_pods_memory_trains_from_the_shared_volume(real_cluster, job_image, tmp_path):
     t0 = time.monotonic()
     host_dir = f"/data/tfdist-test-{uuid.uuid4().hex[:8]}"
+    made_root = not Path("/data").exists()  # removed again at the end if this test made it
     Path(host_dir).mkdir(parents=True, mode=0o755)
     Path(host_dir).chmod(0o755)
     mount = DataMount(claim="shared-records", mount=host_dir, read_only=True)  # the same path as the host's
@@ -211,3 +212,5 @@ def test_a_dataset_larger_than_a_pods_memory_trains_from_the_shared_volume(real_
             drop_tenant(real_cluster, ann)
             drop_volumes(real_cluster, ann.namespace)
         shutil.rmtree(host_dir, ignore_errors=True)
+        if made_root:
+            shutil.rmtree("/data", ignore_errors=True)
