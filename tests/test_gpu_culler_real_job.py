@@ -50,10 +50,10 @@ profiles:
 gpu_admin:
   culling:
     check_interval_s: 1
-    default: {idle_below_percent: 10, idle_minutes: 0.25, warn_minutes: 0.1, cull_during_jobs: true}
+    default: {idle_below_percent: 10, idle_minutes: 0.2, warn_minutes: 0.1, cull_during_jobs: true}
 """
 GPU = {"profile": "gpu", "cpu": 0.5, "memory": 1, "gpus": 1, "gpu_model": "h100", "image": "local"}
-IDLE_LIMIT_S = 15.0
+IDLE_LIMIT_S = 12.0
 
 
 def write_nvml(path: Path, job_gpu_util: int) -> None:

@@ -47,7 +47,7 @@ profiles:
 gpu_admin:
   culling:
     check_interval_s: 1
-    default: {idle_below_percent: 10, idle_minutes: 0.25, warn_minutes: 0.1}
+    default: {idle_below_percent: 10, idle_minutes: 0.2, warn_minutes: 0.1}
 """
 NAMES = ["NVIDIA H100 80GB HBM3"] * 3
 GPU = {"profile": "gpu", "cpu": 0.5, "memory": 1, "gpus": 1, "gpu_model": "h100", "image": "local"}
@@ -168,7 +168,7 @@ def test_idle_gpu_server_is_warned_then_culled_and_others_are_not(hub: RunningHu
     fake_running_job(hub, "trainer")
     spawn(hub, "worker", GPU)
     spawn(hub, "cpuuser", CPU)
-    spawn(hub, "idler", GPU)  # last: it is warned 9 s after the service first sees it
+    spawn(hub, "idler", GPU)  # last: it is warned 6 s after the service first sees it
     assert server_get(hub, "worker", "activity")["gpus"][0]["uuid"] == "GPU-fake-0001"
 
     notice = None
