@@ -32,10 +32,13 @@ from tests.realnode_jobs import (
     WatchedKernel,
     digits_kernel,
     drop_tenant,
+    job_pods,
     job_state,
     left,
     make_tenant,
+    running,
     start_notebook_pod,
+    wait_first_epoch,
     wait_for,
 )
 from tfdist.kube import manifests as mf
@@ -372,6 +375,39 @@ def test_two_jobs_submitted_together_never_deadlock(real_cluster, users):
             order.append(on_node[0])
     # one ran, then the other (never back and forth)
     assert sorted(order) == sorted([a_ns, b_ns]), order
+
+
+def test_a_deleted_worker_is_replaced_inside_the_admitted_group(real_cluster, users):
+    """What only real pods do: a worker deleted while its admitted job trains ends for real (Kueue's
+    finalizer holds it until it has), and the Job controller's replacement joins the admitted group: no
+    gate, bound, running, the Workload still admitted and not finished, and the fit ends trained."""
+    from tfdist.kube import queueline as ql
+
+    ann = users[0]
+    ns, job = ann.tenant.namespace, f"qr{uuid.uuid4().hex[:4]}"
+    since = ann.kernel.mark()
+    long = cell(job).replace("epochs=2", "epochs=8")
+    c = ann.kernel.submit(long)
+    wait_first_epoch(real_cluster, ann.kernel, c, since, ns, job, timeout=300)
+    (victim,) = [p for p in job_pods(real_cluster, ns, job, "worker") if running([p])]
+    real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
+    t0 = time.monotonic()
+
+    def replacement() -> list[dict]:
+        if ann.kernel.idle_after(c):
+            raise AssertionError(f"the fit ended before the replacement ran: {cell_error(ann.kernel, c)}")
+        pods = job_pods(real_cluster, ns, job, "worker")
+        return [p for p in running(pods) if p["metadata"]["uid"] != victim["metadata"]["uid"]]
+
+    (new,) = wait_for("the replacement worker running", replacement, 180)
+    TIMES["replacement_running_s"] = time.monotonic() - t0
+    assert new["spec"].get("nodeName") and not new["spec"].get("schedulingGates")
+    wl = real_cluster.get(WL.format(ns=ns, job=job)) or {}
+    assert ql.is_admitted(wl) and not ql.is_finished(wl), wl.get("status")
+    r = ann.kernel.wait(c, timeout=600)
+    assert r.error is None, f"{r.error_text}\n{job_state(real_cluster, ns, job)}"
+    epochs = ann.kernel.run("print(len(history.history['loss']))")
+    assert epochs.text.strip() == "8", epochs.text
 
 
 # ------------------------------------------------------------------------------------------ helpers
