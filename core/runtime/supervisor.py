@@ -292,12 +292,25 @@ class Supervisor:
         servers = [t for n, t in self.tasks.items() if n != "chief-0"]
         # all-reduce: every worker runs the cell (the coordinator program), not a bare server
         module = COORDINATOR_MODULE if self.spec.strategy == "allreduce" else SERVER_MODULE
-        for t in servers:
-            await self.spawner.spawn(t, module)
-        # The coordinator starts at once, not after the servers: importing TensorFlow takes seconds and
-        # overlaps with theirs; TF's own connect retries wait for servers that are still coming up.
         chief = self.tasks["chief-0"]
-        chief_wait, ev_reader = await self.spawner.spawn_coordinator(chief)
+
+        async def launch() -> tuple[asyncio.Future, asyncio.Future]:
+            for t in servers:
+                await self.spawner.spawn(t, module)
+            # The coordinator starts at once, not after the servers: importing TensorFlow takes seconds
+            # and overlaps with theirs; TF's own connect retries wait for servers that are still coming up.
+            return await self.spawner.spawn_coordinator(chief)
+
+        # Spawning waits for the fork server's TensorFlow import (seconds, tens under load): a kernel that
+        # dies meanwhile (the lifeline) or a stop must end the job now, not once the import is done.
+        launching = asyncio.ensure_future(launch())
+        await asyncio.wait({launching, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not launching.done():
+            launching.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await launching
+            return self._stopped()
+        chief_wait, ev_reader = launching.result()
         starting = asyncio.ensure_future(
             asyncio.gather(*(self.spawner.wait_listening(t, deadline, self._output) for t in servers))
         )
