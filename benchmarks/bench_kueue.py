@@ -397,7 +397,7 @@ def tables(out_dir: Path) -> str:
         m = fair["machine"]
         lines += [
             f"Admitted GPU-seconds per user over the first half of the jobs (`results/kueue_fairshare.json`, "
-            f"{m['measured_utc'][:10]}):",
+            f"{m['measured_utc'][:10]}, load average {m['load_avg_1m_5m'][0]}):",
             "",
             "| users | jobs each | fair sharing | GPU-s per user (share) | Jain's index | admission order |",
             "|---:|---:|---|---|---:|---|",
