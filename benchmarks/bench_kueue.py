@@ -94,7 +94,11 @@ def make_backend(plane: ControlPlane, ns: str, queue: str | None, gpu: bool) -> 
     from tfdist.backends.kubernetes import KubernetesBackend
     from tfdist.settings import from_environ
 
+    # the lifeline's longest grace: with 100 jobs on a loaded machine the renewals of the roots' deadlines
+    # (60 s ahead) fell behind and the Job controller ended jobs (DeadlineExceeded) before their pods were
+    # bound; a detached job has none, but its submit waits for the handover, which a kwok pod never makes
     env = {"TFDIST_NAMESPACE": ns, "TFDIST_WORKER_IMAGE": IMAGE, "USER": ns}
+    env["TFDIST_LIFELINE_GRACE_S"] = "3600"
     if queue:
         env["TFDIST_KUEUE_QUEUE"] = queue
     b = KubernetesBackend(from_environ(env), kubeconfig=plane.kubeconfig)
@@ -103,7 +107,7 @@ def make_backend(plane: ControlPlane, ns: str, queue: str | None, gpu: bool) -> 
     return b
 
 
-def job_spec(name: str, ns: str, *, gpus: int, detach: bool = False) -> Any:
+def job_spec(name: str, ns: str, *, gpus: int) -> Any:
     from tfdist.jobspec import JobSpec
 
     kw: dict[str, Any] = {"gpus_per_worker": gpus} if gpus else {"cpu": 0.1, "memory_bytes": 128 * 2**20}
@@ -115,7 +119,6 @@ def job_spec(name: str, ns: str, *, gpus: int, detach: bool = False) -> Any:
         workers=1,
         ps=1,
         timeout_s=600,
-        detach=detach,
         **kw,
     )
 
@@ -307,9 +310,7 @@ async def latency_burst(plane: ControlPlane, ns: str, queue: str | None, n: int,
 
     async def submit(name: str) -> None:
         created[name] = time.monotonic()
-        # detached: no lifeline deadline on the root (with 100 jobs on a loaded machine the kernel's
-        # renewals fell behind and the Job controller ended jobs before their pods were bound)
-        await b.submit(job_spec(name, ns, gpus=0, detach=True), b"p", _launch())
+        await b.submit(job_spec(name, ns, gpus=0), b"p", _launch())
         submit_s.append(time.monotonic() - created[name])
 
     try:
