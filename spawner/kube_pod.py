@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from tfdist import datamounts, settings
+from tfdist.kube import preemption
 from tfdist.kube.manifests import data_volume_parts, notebook_pod_labels
 from tfdist.kube.queueing import L_QUEUE
 
@@ -75,11 +76,13 @@ class KubePodMixin:
         self.volumes = [*base["volumes"], *volumes]
         self.volume_mounts = [*base["volume_mounts"], *mounts]
         # the label the NetworkPolicy of this user's %%tfdist jobs admits to the coordinator's agent
-        labels = {k: v for k, v in self.extra_labels.items() if k != L_QUEUE}
+        labels = {k: v for k, v in self.extra_labels.items() if k not in (L_QUEUE, preemption.L_PRIORITY)}
         if choice.gpus and profile.kueue_queue and cfg.kueue is not None and self.enable_user_namespaces:
             # a GPU server waits its turn in the profile's queue like a job (a Workload of one pod, gated
-            # until admitted); never preempted: the ClusterQueues preempt nothing (tfdist.kube.queueing)
+            # until admitted), with the notebooks' priority: a queue that takes its lent GPUs back evicts
+            # jobs, not servers (tfdist.kube.preemption; the hub converges the class with the queues)
             labels[L_QUEUE] = profile.kueue_queue
+            labels.update(preemption.notebook_labels())
         self.extra_labels = {**labels, **notebook_pod_labels(self.user.name)}
 
     def get_env(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.errors import JobSpecError
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
+from tfdist.kube import preemption as pre
 from tfdist.kube import queueing as q
 from tfdist.kube import queueing_apply as qa
 from tfdist.kube import queueline as ql
@@ -157,6 +158,7 @@ async def test_queues_converge_idempotently_and_kueue_accepts_them(kq):
             "Cohort/pool",
             "ResourceFlavor/default",
             "ResourceFlavor/h100",
+            "WorkloadPriorityClass/tfdist-notebook",
         ]
         # Kueue took the queue as valid and active (its flavors exist), and each user's LocalQueue too
         cq = kq.get("/apis/kueue.x-k8s.io/v1beta2/clusterqueues/team")
@@ -729,6 +731,9 @@ async def test_a_gpu_server_waits_in_the_queue_with_its_place_and_starts_when_a_
         assert msg.startswith("Waiting for a GPU: queued: 1st in team (") and "nvidia.com/gpu" in msg, msg
         pod = kq.get(pod_path)
         assert pod["metadata"]["labels"][q.L_QUEUE] == QUEUE and gated(pod) and not bound(pod)
+        # the notebooks' priority (evicted after every job of a borrowing queue), a class the hub converged
+        assert pod["metadata"]["labels"][pre.L_PRIORITY] == pre.NOTEBOOK_PRIORITY
+        assert kq.get(f"/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses/{pre.NOTEBOOK_PRIORITY}")
         waiting = "H100 (0 free · 1 waiting in team: your server will start when a GPU frees)"
         shown: list[str] = []
 

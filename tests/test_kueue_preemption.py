@@ -155,8 +155,8 @@ def kp(request):
                 await qa.converge_user(api, cfg, BOB, ["b"])
 
         asyncio.run(setup())
-        for pc in pre.priority_classes():  # what the hub converges beside the queues
-            plane.request("POST", f"{KUEUE_API}/workloadpriorityclasses", pc)
+        for pc in pre.priority_classes():  # the hub converged it beside the queues
+            assert plane.get(f"{KUEUE_API}/workloadpriorityclasses/{pc['metadata']['name']}")
         yield plane
     finally:
         print(f"\npreemption plane timings: {TIMES}")

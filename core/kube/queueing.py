@@ -153,9 +153,11 @@ def cohort(cfg: ProfilesConfig) -> list[dict[str, Any]]:
 
 
 def cluster_objects(cfg: ProfilesConfig) -> list[dict[str, Any]]:
-    """Every cluster-scoped Kueue object of the profiles, in creation order (flavors and the cohort before
-    the queues that name them)."""
-    return [*resource_flavors(cfg), *cohort(cfg), *cluster_queues(cfg)]
+    """Every cluster-scoped Kueue object of the profiles, in creation order (the notebooks' priority class,
+    flavors and the cohort before the queues that name them)."""
+    if cfg.kueue is None:
+        return []
+    return [*preemption.priority_classes(), *resource_flavors(cfg), *cohort(cfg), *cluster_queues(cfg)]
 
 
 def user_queues(cfg: ProfilesConfig, groups: Iterable[str]) -> list[str]:

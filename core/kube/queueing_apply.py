@@ -28,6 +28,7 @@ _PLURAL = {
     "Cohort": "cohorts",
     "ClusterQueue": "clusterqueues",
     "LocalQueue": "localqueues",
+    "WorkloadPriorityClass": "workloadpriorityclasses",
 }
 _SELECTOR = "app.kubernetes.io/part-of=" + q.MANAGED["app.kubernetes.io/part-of"]
 VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta2"
@@ -79,12 +80,20 @@ async def _apply(api: Any, obj: dict[str, Any], out: Converged) -> None:
     same_labels = q.covers(meta["labels"], live["metadata"].get("labels")) and q.covers(
         meta.get("annotations", {}), live["metadata"].get("annotations") or {}
     )
-    if same_labels and q.covers(obj["spec"], live.get("spec", {})):
+    if same_labels and q.covers(_body(obj), _body(live)):
         out.unchanged.append(what)
         return
     new = {**obj, "metadata": {**meta, "resourceVersion": live["metadata"]["resourceVersion"]}}
     await _call(api, "PUT", f"{coll}/{meta['name']}", new)
     out.updated.append(what)
+
+
+def _body(obj: dict[str, Any]) -> dict[str, Any]:
+    """What an object says beyond its identity: its spec, or (a WorkloadPriorityClass has none) its
+    top-level fields."""
+    if "spec" in obj:
+        return obj["spec"]
+    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}
 
 
 async def _prune(api: Any, kind: str, keep: set[str], out: Converged, namespace: str | None = None) -> None:
@@ -104,7 +113,7 @@ async def converge(api: Any, cfg: ProfilesConfig) -> Converged:
     objs = q.cluster_objects(cfg)
     for obj in objs:
         await _apply(api, obj, out)
-    for kind in ("ClusterQueue", "Cohort", "ResourceFlavor"):
+    for kind in ("ClusterQueue", "Cohort", "ResourceFlavor", "WorkloadPriorityClass"):
         keep = {o["metadata"]["name"] for o in objs if o["kind"] == kind}
         await _prune(api, kind, keep, out)
     return out
