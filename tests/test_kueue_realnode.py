@@ -106,14 +106,15 @@ def kueue_rn(real_cluster):
         asyncio.run(converge(PROFILES))
         yield parse_profiles(PROFILES)
     finally:
-        # this module's queue, cohort and flavor, gone while Kueue still runs (it holds a finalizer on
-        # each ClusterQueue and flavor in use: a stopped Kueue would leave them terminating for good)
+        # this module's queue, cohort, flavor and priority class, gone while Kueue still runs (it holds a
+        # finalizer on each ClusterQueue and flavor in use: a stopped Kueue would leave them terminating)
         queue_objects = [
             f"/apis/kueue.x-k8s.io/v1beta2/{kind}/{name}"
             for kind, name in (
                 ("clusterqueues", QUEUE),
                 ("cohorts", "rn-pool"),
                 ("resourceflavors", "default"),
+                ("workloadpriorityclasses", "tfdist-notebook"),  # the notebooks' (queueing.cluster_objects)
             )
         ]
         with contextlib.suppress(OSError):  # the cluster went down: nothing is left to remove
