@@ -1,5 +1,6 @@
-"""One kwok plane with Kueue for every Kueue module of a pytest process (test_kueue_plane.py,
-test_kueue_preemption.py): the first module that asks starts it, the session's end stops it. Starting one
+"""One kwok plane with Kueue for every Kueue module of a pytest process that uses it (test_kueue_plane.py;
+test_kueue_preemption.py starts its own again, docs/queueing.md says why): the first module that asks
+starts it, the session's end stops it. Starting one
 costs 13-35 s (60 s on a loaded machine), most of it the API server establishing Kueue's 11 CRDs.
 
 Each module gets the plane bare of what an earlier module left: that module's namespaces (its Jobs, pods

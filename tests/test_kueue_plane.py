@@ -76,8 +76,8 @@ async def api_client(plane):
 
 @pytest.fixture(scope="module")
 def kq(request):
-    """The process's one plane with Kueue (tests/kueue_fixtures.py, shared with test_kueue_preemption.py),
-    with this module's node, users and queues."""
+    """The process's one plane with Kueue (tests/kueue_fixtures.py), with this module's node, users and
+    queues."""
     t0 = time.monotonic()
     plane = kueue_plane(request.config, __name__)
     TIMES["plane_with_kueue_s"] = time.monotonic() - t0
