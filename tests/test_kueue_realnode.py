@@ -278,14 +278,22 @@ def test_a_job_larger_than_the_queue_is_refused_at_once_with_the_numbers(real_cl
 
 def test_second_users_job_waits_whole_while_the_first_trains_then_trains(real_cluster, users):
     """Ann's job trains; Bob's, submitted then, is queued (his cell and `status()` say 1st in the queue),
-    none of its pods has a node while any of Ann's still runs, and it trains to the end once hers ends."""
+    none of its pods has a node while any of Ann's still runs, and it trains to the end once hers ends.
+
+    Meanwhile, what only real pods do: one of Ann's workers is deleted while her admitted job trains. It
+    ends for real (Kueue's finalizer holds it until it has) and the Job controller's replacement joins the
+    admitted group (no gate, bound, running, the Workload still admitted and not finished), her fit ends
+    trained, and Bob's waiting job does not slip into the quota the deleted pod had."""
+    from tfdist.kube import queueline as ql
+
     ann, bob = users
     a_ns, b_ns = ann.tenant.namespace, bob.tenant.namespace
     a_job, b_job = f"qa{uuid.uuid4().hex[:4]}", f"qb{uuid.uuid4().hex[:4]}"
     sampler = PodSampler(real_cluster, [(a_ns, a_job), (b_ns, b_job)])
     try:
         t0 = time.monotonic()
-        a_cell = ann.kernel.submit(cell(a_job))
+        a_since = ann.kernel.mark()
+        a_cell = ann.kernel.submit(cell(a_job).replace("epochs=2", "epochs=8"))
 
         def a_running():
             if ann.kernel.idle_after(a_cell):
@@ -307,15 +315,40 @@ def test_second_users_job_waits_whole_while_the_first_trains_then_trains(real_cl
                 )
             return any(f"queued: 1st in {QUEUE}" in t for t in bob.kernel.widget_texts(since))
 
-        wait_for("bob's cell showing its place in line", b_shown_queued, 60)
+        try:
+            wait_for("bob's cell showing its place in line", b_shown_queued, 60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; bob's cell showed {bob.kernel.widget_texts(since)[-3:]}") from None
         assert not ann.kernel.idle_after(a_cell), "ann's job ended before bob's was seen waiting"
         # the typed record the panel and `%tfdist list` read (another backend of bob's, its own query)
         view = asyncio.run(status_of(bob.tenant, b_job))
         assert view.queue is not None and (view.queue.position, view.queue.queue) == (1, QUEUE), view
         assert view.state_word == "queued"
 
+        # one of ann's workers deleted while her admitted job trains (bob's still waiting)
+        wait_first_epoch(real_cluster, ann.kernel, a_cell, a_since, a_ns, a_job, timeout=300)
+        (victim,) = [p for p in job_pods(real_cluster, a_ns, a_job, "worker") if running([p])]
+        real_cluster.request("DELETE", f"/api/v1/namespaces/{a_ns}/pods/{victim['metadata']['name']}")
+        t_del = time.monotonic()
+
+        def replacement() -> list[dict]:
+            if ann.kernel.idle_after(a_cell):
+                raise AssertionError(
+                    f"the fit ended before the replacement ran: {cell_error(ann.kernel, a_cell)}"
+                )
+            pods = job_pods(real_cluster, a_ns, a_job, "worker")
+            return [p for p in running(pods) if p["metadata"]["uid"] != victim["metadata"]["uid"]]
+
+        (new,) = wait_for("the replacement worker running", replacement, 180)
+        TIMES["replacement_running_s"] = time.monotonic() - t_del
+        assert new["spec"].get("nodeName") and not new["spec"].get("schedulingGates")
+        wl = real_cluster.get(WL.format(ns=a_ns, job=a_job)) or {}
+        assert ql.is_admitted(wl) and not ql.is_finished(wl), wl.get("status")
+
         ra = ann.kernel.wait(a_cell, timeout=600)
-        assert ra.error is None, ra.error_text
+        assert ra.error is None, f"{ra.error_text}\n{job_state(real_cluster, a_ns, a_job)}"
+        epochs = ann.kernel.run("print(len(history.history['loss']))")
+        assert epochs.text.strip() == "8", epochs.text
         wait_for("ann's pods ended", lambda: not live(mf_pods(real_cluster, a_ns, a_job)), 120)
         t_a_end = time.monotonic()
         wait_for(
@@ -331,7 +364,8 @@ def test_second_users_job_waits_whole_while_the_first_trains_then_trains(real_cl
         TIMES["both_jobs_s"] = time.monotonic() - t0
     finally:
         samples = sampler.stop()
-    # every sample: while any of ann's pods was not over, none of bob's had a node
+    # every sample: while any of ann's pods was not over (the deleted worker's end included), none of
+    # bob's had a node
     overlap = [s for s in samples if live(s.pods.get((a_ns, a_job), []))]
     waited = [s for s in overlap if s.pods.get((b_ns, b_job))]
     assert len(waited) >= 4, "bob's pods were never seen while ann's job ran"
@@ -376,39 +410,6 @@ def test_two_jobs_submitted_together_never_deadlock(real_cluster, users):
             order.append(on_node[0])
     # one ran, then the other (never back and forth)
     assert sorted(order) == sorted([a_ns, b_ns]), order
-
-
-def test_a_deleted_worker_is_replaced_inside_the_admitted_group(real_cluster, users):
-    """What only real pods do: a worker deleted while its admitted job trains ends for real (Kueue's
-    finalizer holds it until it has), and the Job controller's replacement joins the admitted group: no
-    gate, bound, running, the Workload still admitted and not finished, and the fit ends trained."""
-    from tfdist.kube import queueline as ql
-
-    ann = users[0]
-    ns, job = ann.tenant.namespace, f"qr{uuid.uuid4().hex[:4]}"
-    since = ann.kernel.mark()
-    long = cell(job).replace("epochs=2", "epochs=8")
-    c = ann.kernel.submit(long)
-    wait_first_epoch(real_cluster, ann.kernel, c, since, ns, job, timeout=300)
-    (victim,) = [p for p in job_pods(real_cluster, ns, job, "worker") if running([p])]
-    real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
-    t0 = time.monotonic()
-
-    def replacement() -> list[dict]:
-        if ann.kernel.idle_after(c):
-            raise AssertionError(f"the fit ended before the replacement ran: {cell_error(ann.kernel, c)}")
-        pods = job_pods(real_cluster, ns, job, "worker")
-        return [p for p in running(pods) if p["metadata"]["uid"] != victim["metadata"]["uid"]]
-
-    (new,) = wait_for("the replacement worker running", replacement, 180)
-    TIMES["replacement_running_s"] = time.monotonic() - t0
-    assert new["spec"].get("nodeName") and not new["spec"].get("schedulingGates")
-    wl = real_cluster.get(WL.format(ns=ns, job=job)) or {}
-    assert ql.is_admitted(wl) and not ql.is_finished(wl), wl.get("status")
-    r = ann.kernel.wait(c, timeout=600)
-    assert r.error is None, f"{r.error_text}\n{job_state(real_cluster, ns, job)}"
-    epochs = ann.kernel.run("print(len(history.history['loss']))")
-    assert epochs.text.strip() == "8", epochs.text
 
 
 # ------------------------------------------------------------------------------------------ helpers
