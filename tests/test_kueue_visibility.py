@@ -105,6 +105,13 @@ def kv():
                     await qa.converge_user(api, cfg, u, ["ml"])
 
         asyncio.run(setup())
+        # Kueue's visibility server answers from its queue cache, which learns a new LocalQueue a moment
+        # after the API server has it (until then: 404 for that queue)
+        deadline = time.monotonic() + 60
+        for u in (ANN, BOB):
+            while plane.get(f"{VIS}/namespaces/{u}/localqueues/{QUEUE}/pendingworkloads") is None:
+                assert time.monotonic() < deadline, f"Kueue never served {u}'s LocalQueue {QUEUE}"
+                time.sleep(0.2)
         yield plane
     finally:
         print(f"\nkueue visibility plane timings: {TIMES}")

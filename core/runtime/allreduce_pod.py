@@ -135,7 +135,7 @@ def sample_chief(port: int, token: str, period: float = POLL_S) -> None:
     import psutil
 
     from ..sampler import TaskProcess, TaskSampler
-    from .podmain import _AgentLink
+    from .podmain import _AgentLink, is_coordinator
 
     sampler = TaskSampler()
     agent = _AgentLink(f"http://127.0.0.1:{port}", token)
@@ -144,9 +144,7 @@ def sample_chief(port: int, token: str, period: float = POLL_S) -> None:
     while True:
         time.sleep(period)
         try:
-            replica = next(
-                (c for c in me.children() if "tfdist.runtime.coordinator" in " ".join(c.cmdline())), None
-            )
+            replica = next((c for c in me.children() if is_coordinator(c.cmdline())), None)
         except psutil.Error:
             replica = None
         if replica is None:

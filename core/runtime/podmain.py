@@ -125,6 +125,13 @@ def _start_coordinator(jobdir: str, extra_env: dict[str, str], gated: bool = Fal
     return _Coordinator(proc, r, gate_w)
 
 
+def is_coordinator(cmdline: list[str]) -> bool:
+    """A process running the coordinator: started after the payload, or gated before it (the chief's
+    replica sampler looks for it among the entry point's children)."""
+    line = " ".join(cmdline)
+    return "tfdist.runtime.coordinator" in line or "tfdist.runtime.podmain coordinator" in line
+
+
 def run_gated_coordinator(jobdir: str) -> int:
     """The coordinator started before its payload: the imports of tfdist.runtime.coordinator.run (same
     environment first: thread pools and Keras 2 are read at TensorFlow's import), then the gate's byte,
