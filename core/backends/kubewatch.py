@@ -32,7 +32,7 @@ from .base import Launch
 from .kubework import KubeJob
 
 GONE_WAIT_S = (
-    120.0  # how long a preempted job's old root and Workload may take to go before it is resubmitted
+    120.0  # how long a preempted job's old Jobs and Workload may take to go before it is resubmitted
 )
 
 
@@ -152,7 +152,13 @@ class KubeWatch:
         self._ended.discard(name)  # not ended: it comes back
         api = await self.kube.api()
         deadline = time.monotonic() + GONE_WAIT_S
-        while await self._root(name) is not None or await workload_of(api, self.namespace, name) is not None:
+        while (
+            await self._root(name) is not None
+            or await workload_of(api, self.namespace, name) is not None
+            # the PS and worker Jobs go after the root (the garbage collector follows their owner reference):
+            # one still there would refuse the new job's of the same name
+            or await self.kube.list_root_jobs(self.namespace, self._selector(name))
+        ):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"its evicted objects were still there after {GONE_WAIT_S:g}s")
             await asyncio.sleep(0.5)
