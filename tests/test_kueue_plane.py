@@ -13,7 +13,6 @@ import base64
 import contextlib
 import copy
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -60,10 +59,6 @@ PROFILES = {
     ],
 }
 TIMES: dict[str, float] = {}
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 async def api_client(plane):

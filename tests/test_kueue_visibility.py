@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import ipaddress
-import os
 import ssl
 import time
 
@@ -23,6 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from tests import kube_plane
+from tests.kueue_fixtures import _in_ci
 from tests.kueue_proc import APISERVICE, VISIBILITY_DIR, kueue_missing
 from tests.test_k8s_escapes import call
 from tests.test_k8s_tenancy import _api_for_token, _token
@@ -59,10 +59,6 @@ PROFILES = {
     ],
 }
 TIMES: dict[str, float] = {}
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 async def admin_api(plane):
