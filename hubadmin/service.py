@@ -57,7 +57,9 @@ class ServerRecord:
     decision: Decision | None = None
     warned_cull_at: float | None = None
     notice: NoticeRecord | None = None  # what the server's next report is answered with
-    refused: str | None = None  # why its last report was refused
+    refused: str | None = None  # why its last report was refused (cleared by the next good one)
+    refusals: int = 0  # reports refused since the hub started: a misbehaving reporter stays visible
+    last_refusal: tuple[float, str] | None = None  # when and why, kept after a good report
     seen: float = 0.0  # when its last report was accepted (0: never)
     asked_s: float = 30.0  # the report interval it was last asked for
     last_cull_check: float = 0.0
@@ -283,6 +285,8 @@ class GpuAdminState:
         rec = self.servers.get(sid.key) if sid else None
         if rec is not None:
             rec.refused = why
+            rec.refusals += 1
+            rec.last_refusal = (time.time(), why)
 
     async def accept(self, rec: ServerRecord, rep: ActivityReport) -> ReportReply:
         """Take `rec`'s report, run its culling check when one is due, and say what the server is told."""
@@ -392,6 +396,11 @@ class GpuAdminState:
                     "reason": _reason(rec, now) if fresh else None,
                     "cull_at": rec.warned_cull_at,
                     "error": rec.no_data_reason(now),
+                    "refusals": (
+                        {"count": rec.refusals, "at": rec.last_refusal[0], "why": rec.last_refusal[1]}
+                        if rec.last_refusal
+                        else None
+                    ),
                     "spark": rec.spark(now),
                 }
             )

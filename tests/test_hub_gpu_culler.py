@@ -422,8 +422,12 @@ def test_malformed_reports_are_refused_and_the_page_and_metrics_still_answer(hub
         r = report(hub, own, body)
         assert r.status_code == 400 and len(r.text) < 400, (str(body)[:80], r.status_code, r.text[:400])
     rows = page_rows(admin, hub)
-    assert rows["worker/"]["util"] and rows["worker/"]["error"] is None
-    assert "last report refused" in (rows["mallory/"]["error"] or ""), rows["mallory/"]
+    assert rows["worker/"]["util"] and rows["worker/"]["error"] is None and rows["worker/"]["refusals"] is None
+    # her own reporter may have sent a good report since (it clears "error"); the tally stays
+    refusals = rows["mallory/"]["refusals"]
+    assert refusals and refusals["count"] >= len(MALFORMED), rows["mallory/"]
+    assert refusals["why"] and time.time() - refusals["at"] < 120, refusals
+    assert rows["mallory/"]["error"] in (None, f"last report refused: {refusals['why']}"), rows["mallory/"]
     text = metrics(hub)
     assert 'hub_user="worker"' in text and "tfdist_server_reports_refused_total" in text
     # mallory's own reporter goes on; her next good report clears the refusal

@@ -61,6 +61,16 @@ def shot(page, name: str, full_page: bool = False) -> None:
     page.screenshot(path=str(ARTIFACTS / f"newuser-{name}.png"), full_page=full_page)
 
 
+def accept_open_dialog(page) -> None:
+    """A dialog JupyterLab opened meanwhile (the kernel to start, when the notebook's session was not ready yet:
+    seen once under load) takes every click; a person reads it and takes its default button."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() and dialog.first.is_visible():
+        print("a dialog was open:", dialog.first.inner_text()[:200].replace("\n", " "))
+        dialog.first.locator(".jp-mod-accept").first.click(timeout=10_000)
+        dialog.first.wait_for(state="detached", timeout=30_000)
+
+
 def run_all(page) -> None:
     """Run > Run All Cells, as a person does it. A click that lands while the menu is still opening runs
     nothing (seen once under load: every prompt stayed "[ ]"); a person sees no cell start and clicks again,
@@ -69,6 +79,7 @@ def run_all(page) -> None:
 
     first_prompt = page.locator(".jp-CodeCell .jp-InputPrompt").first
     for attempt in range(2):
+        accept_open_dialog(page)
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         item = page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first
         item.wait_for(state="visible", timeout=15_000)

@@ -96,7 +96,12 @@ function render(data) {
       cull = s.error; // "no data (never reported); not culled", "last report refused: ..."
       cls = 'err';
     }
-    cell(tr, cull, cls);
+    const td = cell(tr, cull, cls);
+    if (s.refusals) {
+      // a reporter that sends bad reports now and then stays visible after its next good one
+      td.title = s.refusals.count + ' reports refused; the last ' + fmtDuration(Math.max(0, data.now - s.refusals.at)) +
+        ' ago: ' + s.refusals.why;
+    }
     body.appendChild(tr);
   }
   const held = data.totals.reduce((a, t) => a + t.held, 0);
