@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.digits_payload import digits_payload
+from tests.realpods import runs_in_real_pods
 from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient, AgentForged
 
@@ -49,6 +50,7 @@ def local_pods(workers: int, ps: int) -> tuple[dict, dict[str, str], int, str]:
     return cluster, base, agent_port, token
 
 
+@runs_in_real_pods("tests/test_k8s_realnode_jobs.py")
 def test_pod_entrypoints_train_and_return_results_through_the_agent(tmp_path):
     blob, ns = digits_payload("history = model.fit(ds, epochs=3, steps_per_epoch=20)\n")
     before = ns["model"].get_weights()[0].copy()
@@ -88,10 +90,10 @@ def test_pod_entrypoints_train_and_return_results_through_the_agent(tmp_path):
             return evs, res
 
         evs, res = asyncio.run(asyncio.wait_for(drive(), 240))
-        assert evs[-1]["state"] == "succeeded", evs[-1]
-        epochs = [e for e in evs if e.get("type") == "progress" and e.get("logs")]
-        assert [e["epoch"] for e in epochs] == [1, 2, 3]
-        tasks_sampled = {t for e in evs if e.get("type") == "metrics" for t in e["tasks"]}
+        assert evs[-1].state == "succeeded", evs[-1]
+        epochs = [e for e in evs if e.type == "progress" and e.logs]
+        assert [e.epoch for e in epochs] == [1, 2, 3]
+        tasks_sampled = {t for e in evs if e.type == "metrics" for t in e.tasks}
         assert tasks_sampled & {"worker-0", "worker-1", "ps-0"}  # samplers in the server "pods" reported
         payload.apply_results(res, ns)
         assert not np.allclose(ns["model"].get_weights()[0], before)

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from tests.digits_payload import digits_payload
+from tests.realpods import runs_in_real_pods
 from tests.test_pod_runtime import free_ports
 from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient
@@ -86,6 +87,7 @@ def end_all(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+@runs_in_real_pods("tests/test_k8s_realnode_allreduce.py")
 def test_allreduce_pods_train_and_the_chief_returns_results_once(tmp_path):
     blob, ns = allreduce_payload(epochs=3)
     before = ns["model"].get_weights()[0].copy()
@@ -109,10 +111,10 @@ def test_allreduce_pods_train_and_the_chief_returns_results_once(tmp_path):
         logs = {
             p: (tmp_path / p).read_text(errors="replace")[-3000:] for p in ("chief-0.log", "worker-0.log")
         }
-        assert evs[-1]["state"] == "succeeded", (evs[-1], logs)
-        epochs = [e for e in evs if e.get("type") == "progress" and e.get("logs")]
-        assert [e["epoch"] for e in epochs] == [1, 2, 3]  # once each: only chief-0 reports
-        sampled = {t for e in evs if e.get("type") == "metrics" for t in e["tasks"]}
+        assert evs[-1].state == "succeeded", (evs[-1], logs)
+        epochs = [e for e in evs if e.type == "progress" and e.logs]
+        assert [e.epoch for e in epochs] == [1, 2, 3]  # once each: only chief-0 reports
+        sampled = {t for e in evs if e.type == "metrics" for t in e.tasks}
         assert {"chief-0", "worker-0"} <= sampled, sampled  # every replica's use reached the monitor
         payload.apply_results(res, ns)
         assert not np.allclose(ns["model"].get_weights()[0], before)
@@ -140,9 +142,9 @@ def test_a_worker_pod_ends_when_the_chief_is_gone_mid_fit(tmp_path):
                 await reachable(client)
                 await client.upload(blob)
                 async for ev in client.events():
-                    if ev.get("type") == "progress" and ev.get("logs"):
+                    if ev.type == "progress" and ev.logs:
                         return
-                    assert ev.get("type") != "state" or ev.get("state") not in ("failed", "succeeded"), ev
+                    assert ev.type != "state" or ev.state not in ("failed", "succeeded"), ev
             finally:
                 await client.close()
 

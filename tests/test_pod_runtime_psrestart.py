@@ -17,6 +17,7 @@ import pytest
 
 from tests.digits_payload import digits_payload
 from tests.kernels import PACE_IMPORT, paced
+from tests.realpods import runs_in_real_pods
 from tests.test_pod_runtime import local_pods
 from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.slow
 EPOCHS = 6
 
 
+@runs_in_real_pods("tests/test_k8s_realnode_psrestart.py")
 def test_a_killed_ps_pod_replaced_at_its_address_resumes_the_fit(tmp_path):
     # paced data (tests.kernels.paced): >= 9 s for the 180 steps on any CPU; the first heartbeat past step
     # 35 (every 2 s) comes by step 75 at the latest, >= 5 s before the fit's end
@@ -66,12 +68,12 @@ def test_a_killed_ps_pod_replaced_at_its_address_resumes_the_fit(tmp_path):
                 async for ev in client.events():
                     evs.append(ev)
                     # the PS "pod" lost in epoch 2, after a heartbeat past step 35 (so a checkpoint exists)
-                    if ev.get("type") == "progress" and (ev.get("step") or 0) >= 35 and "killed" not in times:
+                    if ev.type == "progress" and (ev.step or 0) >= 35 and "killed" not in times:
                         procs["ps-0"].send_signal(signal.SIGKILL)
                         procs["ps-0"].wait()
                         times["killed"] = time.monotonic()
                         procs["ps-0"] = start("ps-0", "ps-0-replacement.log")  # the PS Job's replacement
-                    if ev.get("type") == "log" and "resumes from" in str(ev.get("lines")):
+                    if ev.type == "log" and "resumes from" in str(ev.lines):
                         times.setdefault("resumed", time.monotonic())
                 res = await client.result()
                 await client.done()
@@ -81,12 +83,12 @@ def test_a_killed_ps_pod_replaced_at_its_address_resumes_the_fit(tmp_path):
 
         evs, res = asyncio.run(asyncio.wait_for(drive(), 480))
         chief_log = (tmp_path / "chief-0.log").read_text(errors="replace")
-        assert evs[-1]["state"] == "succeeded", (evs[-1], chief_log[-3000:])
-        lines = [line for e in evs if e.get("type") == "log" for _, line in e["lines"]]
+        assert evs[-1].state == "succeeded", (evs[-1], chief_log[-3000:])
+        lines = [line for e in evs if e.type == "log" for _, line in e.lines]
         assert any("parameter server ps-0" in s and "restarting it and the coordinator" in s for s in lines)
         assert any("resumes from the checkpoint at step" in s for s in lines), lines
-        restarted = [e for e in evs if e.get("type") == "task" and e["state"] == "restarting"]
-        assert {e["task"] for e in restarted} == {"ps-0", "chief-0"}
+        restarted = [e for e in evs if e.type == "task" and e.state == "restarting"]
+        assert {str(e.task) for e in restarted} == {"ps-0", "chief-0"}
         print(f"\nPS killed -> coordinator resumed: {times['resumed'] - times['killed']:.1f}s")
         payload.apply_results(res, ns)
         assert len(ns["history"].history["loss"]) == EPOCHS and ns["history"].epoch == list(range(EPOCHS))
