@@ -240,14 +240,14 @@ async def bench_job(plane: ControlPlane, log: RequestLog, ns: str, workers: int)
             async with asyncio.timeout(300):
                 async for ev in gen:
                     events += 1
-                    if ev.get("type") == "task" and ev.get("node"):
-                        nodes[ev["task"]] = ev["node"]
+                    if ev.type == "task" and ev.node:
+                        nodes[str(ev.task)] = ev.node
                         if scheduled_s is None and len(nodes) == spec.task_count:
                             scheduled_s = time.perf_counter() - t0
-                    if ev.get("type") == "state" and ev["state"] == "running":
+                    if ev.type == "state" and ev.state == "running":
                         running_s = time.perf_counter() - t0
                         break
-                    if ev.get("type") == "state" and ev["state"] in ("failed", "stopped"):
+                    if ev.type == "state" and ev.state in ("failed", "stopped"):
                         raise RuntimeError(f"job {name} ended: {ev}")
         finally:
             await gen.aclose()

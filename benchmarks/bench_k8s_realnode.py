@@ -83,13 +83,18 @@ hist = model.fit(ds, epochs={epochs}, steps_per_epoch={steps}, verbose=0, callba
 RECORD = """
 import json as _j, time as _t
 from tfdist import jobview as _jv
+from tfdist.job import events as _ev
 _bench_events = []
 if not hasattr(_jv.JobView, "_bench_orig"):
     _jv.JobView._bench_orig = _jv.JobView.apply
     def _bench_apply(self, ev, _orig=_jv.JobView._bench_orig):
-        if ev.get("type") in ("progress", "task", "state"):
-            _bench_events.append([_t.time(), {k: ev[k] for k in ("type", "phase", "epoch", "step", "t",
-                                                                   "task", "state") if k in ev}])
+        try:  # the results file holds the wire form: records (and dicts) written once, here
+            w = _ev.to_wire(_ev.parse(ev))
+        except ValueError:
+            w = {}
+        if w.get("type") in ("progress", "task", "state"):
+            _bench_events.append([_t.time(), {k: w[k] for k in ("type", "phase", "epoch", "step", "t",
+                                                                  "task", "state") if k in w}])
         return _orig(self, ev)
     _jv.JobView.apply = _bench_apply
 _bench_events.clear()

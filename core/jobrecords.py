@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .job.events import WireKeys
 from .job.view import summary_fields
 from .job.vocab import JobState
 
@@ -28,7 +27,7 @@ __all__ = ["GpuStatus", "JobDetail", "JobList", "JobSummary", "TaskRecord", "sch
 ResultsState = Literal["pending", "waiting", "taken", "none"]
 
 
-class _Record(WireKeys, BaseModel):
+class _Record(BaseModel):
     # extra keys are kept on the way out (a backend may say more) but are not part of the contract
     model_config = ConfigDict(extra="allow")
 

@@ -90,7 +90,7 @@ async def test_real_agent_accepts_only_the_jobs_signature_and_a_retried_upload(a
             await client.upload(b"another payload")
         assert (Path(state.jobdir) / "payload.bin").read_bytes() == b"payload-bytes"
         state.log.add({"type": "state", "state": "succeeded"})
-        assert [e["state"] async for e in client.events()] == ["succeeded"]
+        assert [e.state async for e in client.events()] == ["succeeded"]
         assert await client.result() is None  # no result yet: 404, signed
         (Path(state.jobdir) / "result.bin").write_bytes(b"results")
         assert await client.result() == b"results"
@@ -178,7 +178,7 @@ async def test_a_reset_connection_is_retried_not_fatal(agent):
     try:
         state.log.add({"type": "progress", "phase": "fit"})
         state.log.add({"type": "state", "state": "succeeded"})
-        got = [e["type"] async for e in client.events()]
+        got = [e.type async for e in client.events()]
         assert got == ["progress", "state"] and cuts["left"] == 0
         assert client.requests >= 2  # at least one retry of ours (aiohttp may retry a reset once itself)
     finally:

@@ -10,6 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from tfdist import jobrecords
+from tfdist.job.detach import DetachSummary
+from tfdist.job.events import QueueInfo, StateEvent
 from tfdist.jobview import JobView
 
 SCHEMA = Path(__file__).resolve().parent.parent / "labextension" / "schema" / "job-records.schema.json"
@@ -43,3 +45,21 @@ def test_the_wire_form_keeps_the_panels_keys_and_refuses_a_broken_producer():
     assert out["summary"]["name"] == "j"
     with pytest.raises(ValidationError):
         jobrecords.wire(jobrecords.JobSummary, {**v.summary(), "state": "exploded"})
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        StateEvent(state="running"),
+        QueueInfo(position=1),
+        DetachSummary(detached=False),
+        jobrecords.JobSummary.model_validate(JobView(name="j", user="ann").summary()),
+    ],
+    ids=lambda r: type(r).__name__,
+)
+def test_records_are_read_by_attribute_not_by_wire_key(record):
+    """Typed end to end: a record is no dict (no `rec["state"]`, no `rec.get`), so a caller reads
+    `rec.state` and writes the wire form once, with `model_dump`, where it leaves the process."""
+    with pytest.raises(TypeError):
+        record["state"]
+    assert not hasattr(record, "get")

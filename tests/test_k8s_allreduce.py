@@ -46,8 +46,8 @@ async def test_allreduce_job_is_a_root_and_a_worker_job_on_gpu_nodes_and_stop_le
     ns = k8s_namespace
     try:
         await b.submit(ar("ar1", ns, gpus_per_worker=1), b"payload", Launch())
-        evs = await collect(b, "ar1", lambda ev, _: ev.get("type") == "state" and ev["state"] == "running")
-        assert {e["task"] for e in evs if e.get("type") == "task"} == {"chief-0", "worker-0", "worker-1"}
+        evs = await collect(b, "ar1", lambda ev, _: ev.type == "state" and ev.state == "running")
+        assert {str(e.task) for e in evs if e.type == "task"} == {"chief-0", "worker-0", "worker-1"}
         jobs = get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
         assert sorted(j["metadata"]["name"] for j in jobs) == ["ar1", "ar1-worker"]  # no PS Job
         pods = job_pods(k8s_plane, ns, "ar1")
@@ -84,10 +84,10 @@ async def test_a_failed_allreduce_worker_ends_the_job_and_is_not_replaced(k8s_pl
         )
         await asyncio.wait_for(task, 60)
         final = events[-1]
-        assert final["type"] == "state" and final["state"] == "failed", events[-5:]
-        assert "all-reduce worker worker-0 failed" in final["message"], final
-        assert final["error"]["reason"] == "task-failed"
-        assert not any(e.get("type") == "task" and e.get("state") == "restarting" for e in events)
+        assert final.type == "state" and final.state == "failed", events[-5:]
+        assert "all-reduce worker worker-0 failed" in final.message, final
+        assert final.error.reason == "task-failed"
+        assert not any(e.type == "task" and e.state == "restarting" for e in events)
         view = await b.status("ar2")
         assert view.state == "failed" and view.reason == "task-failed", (view.state, view.reason)
         workers = [
@@ -127,8 +127,8 @@ async def test_one_replica_allreduce_job_is_the_root_alone(k8s_plane, k8s_namesp
     ns = k8s_namespace
     try:
         await b.submit(ar("ar4", ns, workers=1), b"p", Launch())
-        evs = await collect(b, "ar4", lambda ev, _: ev.get("type") == "state" and ev["state"] == "running")
-        assert {e["task"] for e in evs if e.get("type") == "task"} == {"chief-0"}
+        evs = await collect(b, "ar4", lambda ev, _: ev.type == "state" and ev.state == "running")
+        assert {str(e.task) for e in evs if e.type == "task"} == {"chief-0"}
         jobs = get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
         assert [j["metadata"]["name"] for j in jobs] == ["ar4"]
         assert await b.stop("ar4")

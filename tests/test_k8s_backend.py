@@ -13,6 +13,7 @@ import pytest
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.errors import BackendUnavailable, JobSpecError
+from tfdist.job.events import Event
 from tfdist.job.restart import WORKER_RESTARTS
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
@@ -47,8 +48,8 @@ def spec(name: str, ns: str, **kw) -> JobSpec:
     return JobSpec(**({"name": name, "user": "ann", "namespace": ns, "backend": "kubernetes"} | kw))
 
 
-async def collect(b: KubernetesBackend, name: str, until, timeout: float = 60) -> list[dict]:
-    out: list[dict] = []
+async def collect(b: KubernetesBackend, name: str, until, timeout: float = 60) -> list[Event]:
+    out: list[Event] = []
 
     async def run():
         async for ev in b.watch(name):
@@ -66,9 +67,9 @@ def get(plane, path: str):
 
 async def follow_until_running(
     b: KubernetesBackend, name: str, timeout: float = 60
-) -> tuple[list[dict], asyncio.Task]:
+) -> tuple[list[Event], asyncio.Task]:
     """Follow the job's watch in the background (its events collect in the list) until it says running."""
-    events: list[dict] = []
+    events: list[Event] = []
 
     async def follow():
         async for ev in b.watch(name):
@@ -76,7 +77,7 @@ async def follow_until_running(
 
     task = asyncio.ensure_future(follow())
     deadline = time.time() + timeout
-    while not any(e.get("type") == "state" and e.get("state") == "running" for e in events):
+    while not any(e.type == "state" and e.state == "running" for e in events):
         assert time.time() < deadline, events[-5:]
         await asyncio.sleep(0.2)
     return events, task
@@ -187,13 +188,13 @@ async def test_gpu_job_lands_on_gpu_nodes_and_stop_deletes_everything(k8s_plane,
     b.node_selector = H100
     try:
         await b.submit(spec("gpu1", k8s_namespace, workers=2, gpus_per_worker=2), b"payload", Launch())
-        evs = await collect(b, "gpu1", lambda ev, _: ev.get("type") == "state" and ev["state"] == "running")
-        nodes = {e["task"]: e.get("node") for e in evs if e.get("type") == "task" and e.get("node")}
+        evs = await collect(b, "gpu1", lambda ev, _: ev.type == "state" and ev.state == "running")
+        nodes = {str(e.task): e.node for e in evs if e.type == "task" and e.node}
         for w in ("worker-0", "worker-1"):
             node = get(k8s_plane, f"/api/v1/nodes/{nodes[w]}")
             assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
         assert (await b.status("gpu1")).state == "running"
-        assert [j["name"] for j in await b.list_jobs()] == ["gpu1"]
+        assert [j.name for j in await b.list_jobs()] == ["gpu1"]
         assert await b.stop("gpu1")
         await wait_gone(k8s_plane, k8s_namespace, "gpu1", 30)
     finally:
@@ -206,8 +207,8 @@ async def test_unschedulable_job_shows_the_reason_then_is_deleted(k8s_plane, k8s
         await b.submit(
             spec("toobig", k8s_namespace, workers=1, gpus_per_worker=64, timeout_s=6), b"p", Launch()
         )
-        evs = await collect(b, "toobig", lambda ev, _: ev.get("type") == "state" and ev["state"] == "failed")
-        msgs = [e.get("message", "") for e in evs if e.get("type") == "state"]
+        evs = await collect(b, "toobig", lambda ev, _: ev.type == "state" and ev.state == "failed")
+        msgs = [(e.message or "") for e in evs if e.type == "state"]
         assert any("Insufficient nvidia.com/gpu" in m for m in msgs), msgs
         assert "not running within --timeout 6s; deleted" in msgs[-1]
         await wait_gone(k8s_plane, k8s_namespace, "toobig", 20)
@@ -279,7 +280,7 @@ async def test_notebook_pod_deleted_mid_job_garbage_collects_the_job(k8s_plane, 
     b = backend(k8s_plane, k8s_namespace, TFDIST_POD_NAME="jupyter-ann", TFDIST_POD_UID=nb["metadata"]["uid"])
     try:
         await b.submit(spec("owned", k8s_namespace), b"p", Launch())
-        await collect(b, "owned", lambda ev, _: ev.get("type") == "state" and ev["state"] == "running")
+        await collect(b, "owned", lambda ev, _: ev.type == "state" and ev.state == "running")
         k8s_plane.request("DELETE", f"/api/v1/namespaces/{k8s_namespace}/pods/jupyter-ann")
         await wait_gone(k8s_plane, k8s_namespace, "owned", 60)
     finally:
@@ -305,17 +306,17 @@ async def test_failed_worker_pod_is_replaced_and_watch_survives_apiserver_restar
             "sim.tfdist.io/outcome=fail",
         )
         deadline = time.time() + 60
-        while not any(e.get("type") == "task" and e.get("state") == "restarting" for e in events):
+        while not any(e.type == "task" and e.state == "restarting" for e in events):
             assert time.time() < deadline, events[-5:]
             await asyncio.sleep(0.2)
         while not [
             e
             for e in events[n_before:]
-            if e.get("type") == "task" and e["task"] == "worker-1" and e["state"] == "running"
+            if e.type == "task" and str(e.task) == "worker-1" and e.state == "running"
         ]:
             assert time.time() < deadline
             await asyncio.sleep(0.2)
-        task_events = [(e["task"], e["state"]) for e in events if e.get("type") == "task"]
+        task_events = [(str(e.task), e.state) for e in events if e.type == "task"]
         # nothing duplicated across the API server restart: each task reached "running" once before the fault
         assert task_events.count(("worker-0", "running")) == 1
         assert task_events.count(("worker-1", "running")) == 2, (

@@ -194,7 +194,7 @@ async def test_a_detached_job_outlives_its_kernel_and_is_attached_from_the_next(
         view = await second.status("away")
         assert view.spec["name"] == "away" and view.state in ("starting", "running")
         [row] = await second.list_jobs()
-        assert row["name"] == "away" and row["detached"] is True and row["results"] == "pending"
+        assert row.name == "away" and row.detached is True and row.results == "pending"
         assert first.detach_summary("away", ended=1000.0).fields() == {
             "detached": True,
             "results": "waiting",

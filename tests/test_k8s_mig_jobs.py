@@ -85,7 +85,7 @@ async def test_mig_job_asks_for_the_profile_and_lands_on_the_mig_node(k8s_plane,
     assert b.gpu_resource == MIG_1G
     try:
         await b.submit(spec("mig1", ns, workers=2, gpus_per_worker=1), b"payload", Launch())
-        evs = await collect(b, "mig1", lambda ev, _: ev.get("type") == "state" and ev["state"] == "running")
+        evs = await collect(b, "mig1", lambda ev, _: ev.type == "state" and ev.state == "running")
         assert evs
         pods = k8s_plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3Dmig1")["items"]
         workers = [p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == "worker"]
@@ -135,9 +135,7 @@ async def test_mig_profile_namespace_admits_its_resource_and_refuses_whole_gpus(
             b"p",
             Launch(),
         )
-        running = await collect(
-            mig, "fits", lambda ev, _: ev.get("type") == "state" and ev["state"] == "running"
-        )
+        running = await collect(mig, "fits", lambda ev, _: ev.type == "state" and ev.state == "running")
         assert running
         with pytest.raises(JobSpecError) as e:
             await whole.submit(

@@ -43,17 +43,13 @@ async def test_a_failed_ps_pod_is_replaced_and_the_job_goes_on(k8s_plane, k8s_na
         while not [
             e
             for e in events[n_before:]
-            if e.get("type") == "task" and e["task"] == "ps-0" and e["state"] == "running"
+            if e.type == "task" and str(e.task) == "ps-0" and e.state == "running"
         ]:
             assert time.time() < deadline, events[-8:]
             await asyncio.sleep(0.2)
         after = events[n_before:]
-        assert any(
-            e.get("type") == "task" and e["task"] == "ps-0" and e["state"] == "restarting" for e in after
-        )
-        assert not [e for e in after if e.get("type") == "state" and e["state"] in ("failed", "stopped")], (
-            after
-        )
+        assert any(e.type == "task" and str(e.task) == "ps-0" and e.state == "restarting" for e in after)
+        assert not [e for e in after if e.type == "state" and e.state in ("failed", "stopped")], after
         assert (await b.status("psback")).state == "running"
         # ... and the Service routes to the replacement PS pod, the only one it selects
         ps_pods = get(

@@ -34,6 +34,7 @@ from tests.realnode_jobs import (
     wait_for,
     wait_gone,
 )
+from tfdist.jobrecords import JobSummary
 from tfdist.kube import manifests as mf
 
 if "tests.realnode_fixtures" not in sys.modules:
@@ -51,7 +52,7 @@ def all_running(cluster, ns: str, job: str, n: int = 4, k=None, cell: str = ""):
     return pods if len(pods) == n else None
 
 
-def sampled_row(tenant, tmp_path) -> dict | None:
+def sampled_row(tenant, tmp_path) -> JobSummary | None:
     """`list_jobs()` of a second backend of the same server (same user, namespace and state directory, as
     the server extension makes it): the running job's row once it carries its pods' CPU samples."""
     import asyncio
@@ -59,7 +60,7 @@ def sampled_row(tenant, tmp_path) -> dict | None:
     from tfdist.backends.kubernetes import KubernetesBackend
     from tfdist.settings import from_environ
 
-    async def rows() -> list[dict]:
+    async def rows() -> list[JobSummary]:
         b = KubernetesBackend(
             from_environ(
                 {
@@ -75,8 +76,8 @@ def sampled_row(tenant, tmp_path) -> dict | None:
         finally:
             await b.close()
 
-    row = next((r for r in asyncio.run(rows()) if r["name"] == "digits"), None)
-    return row if row and row["state"] == "running" and row["cpu_total"] > 0 else None
+    row = next((r for r in asyncio.run(rows()) if r.name == "digits"), None)
+    return row if row and row.state == "running" and row.cpu_total > 0 else None
 
 
 def by_role(pods: list[dict], role: str) -> dict:

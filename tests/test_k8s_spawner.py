@@ -512,11 +512,11 @@ async def test_notebook_rbac_with_its_own_token(k8s_plane, k8s_api, k8s_namespac
             await b.submit(JobSpec(name="j1", user="u", backend="kubernetes"), b"payload", Launch())
             running = None
             async for ev in b.watch("j1"):
-                if ev.get("type") == "state" and ev["state"] in ("running", "failed"):
+                if ev.type == "state" and ev.state in ("running", "failed"):
                     running = ev
                     break
-            assert running is not None and running["state"] == "running", running
-            assert [j["name"] for j in await b.list_jobs()] == ["j1"]
+            assert running is not None and running.state == "running", running
+            assert [j.name for j in await b.list_jobs()] == ["j1"]
             assert (await b.status("j1")).state == "running"
             logs = await b.logs("j1")  # kwok serves no logs; the authorization is what counts
             assert set(logs) == {"chief-0", "worker-0", "worker-1", "ps-0"}

@@ -24,6 +24,7 @@ from tests.test_k8s_backend import private_agent_port  # noqa: F401
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.errors import JobSpecError
+from tfdist.job.events import Event
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
 from tfdist.kube import tenancy
@@ -470,7 +471,7 @@ async def test_quota_binds_even_without_the_kernels_check_and_a_good_job_is_admi
             b"p",
             Launch(),
         )
-        running = await collect(b, "fits", lambda ev: ev.get("type") == "state" and ev["state"] == "running")
+        running = await collect(b, "fits", lambda ev: ev.type == "state" and ev.state == "running")
         assert running
         pods = k8s_plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3Dfits")["items"]
         assert len(pods) == 4
@@ -483,10 +484,8 @@ async def test_quota_binds_even_without_the_kernels_check_and_a_good_job_is_admi
             name="over", user="ann", backend="kubernetes", workers=1, gpus_per_worker=1, timeout_s=6
         )
         await b.submit(spec, b"p", Launch())
-        evs = await collect(b, "over", lambda ev: ev.get("type") == "state" and ev["state"] == "failed")
-        assert "exceed your quota of nvidia.com/gpu: it asks for 1 more, 8 of 8" in evs[-1]["message"], evs[
-            -1
-        ]
+        evs = await collect(b, "over", lambda ev: ev.type == "state" and ev.state == "failed")
+        assert "exceed your quota of nvidia.com/gpu: it asks for 1 more, 8 of 8" in evs[-1].message, evs[-1]
         assert not [
             p
             for p in k8s_plane.get(f"/api/v1/namespaces/{ns}/pods")["items"]
@@ -506,7 +505,7 @@ async def test_the_next_job_waits_for_the_quota_the_last_one_is_letting_go_of(k8
     full = {"user": "ann", "backend": "kubernetes", "workers": 2, "gpus_per_worker": 4}
     try:
         await b.submit(JobSpec(name="first", **full), b"p", Launch())
-        assert await collect(b, "first", lambda ev: ev.get("type") == "state" and ev["state"] == "running")
+        assert await collect(b, "first", lambda ev: ev.type == "state" and ev.state == "running")
         t0 = time.monotonic()
         with pytest.raises(JobSpecError, match=r"exceed your quota of nvidia\.com/gpu: it needs 8, 8 of 8"):
             await b.submit(JobSpec(name="blocked", **full), b"p", Launch())
@@ -517,15 +516,15 @@ async def test_the_next_job_waits_for_the_quota_the_last_one_is_letting_go_of(k8
         t0 = time.monotonic()
         await b.submit(JobSpec(name="second", **full), b"p", Launch())
         print(f"\nfirst stopped -> second admitted after {time.monotonic() - t0:.1f}s")
-        assert await collect(b, "second", lambda ev: ev.get("type") == "state" and ev["state"] == "running")
+        assert await collect(b, "second", lambda ev: ev.type == "state" and ev.state == "running")
     finally:
         for name in ("first", "second"):
             await b.stop(name)
         await b.close()
 
 
-async def collect(b: KubernetesBackend, name: str, until, timeout: float = 60) -> list[dict]:
-    out: list[dict] = []
+async def collect(b: KubernetesBackend, name: str, until, timeout: float = 60) -> list[Event]:
+    out: list[Event] = []
 
     async def run() -> None:
         async for ev in b.watch(name):
@@ -545,10 +544,10 @@ async def test_same_job_name_in_two_users_namespaces(k8s_plane, users, tmp_path)
     try:
         await ann.submit(JobSpec(name="same", user="ann", backend="kubernetes"), b"p", Launch())
         await bob.submit(JobSpec(name="same", user="bob", backend="kubernetes"), b"p", Launch())
-        assert [j["name"] for j in await ann.list_jobs()] == ["same"]
+        assert [j.name for j in await ann.list_jobs()] == ["same"]
         assert await ann.stop("same")
         assert len(_left(k8s_plane, users["bob"], "same")) >= 4  # bob's job untouched
-        assert [j["name"] for j in await bob.list_jobs()] == ["same"]
+        assert [j.name for j in await bob.list_jobs()] == ["same"]
     finally:
         await ann.close()
         await bob.stop("same")
@@ -614,7 +613,7 @@ async def test_a_forged_coordinator_gets_no_token_no_payload_and_its_pickle_is_n
         live = k8s_plane.get(f"/api/v1/namespaces/{ns}/pods/victim-chief-0-x")
         live["status"] = {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}
         k8s_plane.request("PUT", f"/api/v1/namespaces/{ns}/pods/victim-chief-0-x/status", live)
-        events: list[dict] = []
+        events: list[Event] = []
 
         async def follow() -> None:
             async for ev in b.watch("victim"):
@@ -631,7 +630,7 @@ async def test_a_forged_coordinator_gets_no_token_no_payload_and_its_pickle_is_n
         await b.close()
     assert seen == [], seen  # the forged address was never contacted: not even a probe
     assert not marker.exists()
-    assert not any(e.get("type") == "state" and e.get("state") == "succeeded" for e in events), events
+    assert not any(e.type == "state" and e.state == "succeeded" for e in events), events
 
 
 def test_the_magic_says_why_in_one_sentence_and_starts_nothing(k8s_plane, users, tmp_path):

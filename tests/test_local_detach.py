@@ -118,9 +118,9 @@ def test_a_detached_job_outlives_its_kernel_and_a_later_kernel_takes_its_results
     assert view.state == "succeeded", view.message
     assert wait_gone(away_pids, 15) == []
     assert [p for p in job_processes() if p.pid in away_pids] == []
-    listed = {j["name"]: j for j in asyncio.run(backend.list_jobs())}
-    assert listed["away"]["detached"] and listed["away"]["results"] == "waiting"
-    assert listed["away"]["kept_until"] == pytest.approx(view.ended + float(RETENTION_S), abs=1)
+    listed = {j.name: j for j in asyncio.run(backend.list_jobs())}
+    assert listed["away"].detached and listed["away"].results == "waiting"
+    assert listed["away"].kept_until == pytest.approx(view.ended + float(RETENTION_S), abs=1)
 
     # another state directory (another user's server) and another uid cannot attach
     stranger = light_kernel(str(tmp_path / "someone-else"), str(tmp_path))
@@ -190,10 +190,10 @@ def test_expired_detached_jobs_are_deleted_by_the_next_use_of_the_backend(tmp_pa
         if detached:
             retention = 1000 if name == "kept" else 50
             (d / "detached.json").write_text(json.dumps({"retention_s": retention, "uid": os.getuid()}))
-    jobs = {j["name"]: j for j in asyncio.run(backend.list_jobs())}
+    jobs = {j.name: j for j in asyncio.run(backend.list_jobs())}
     assert sorted(jobs) == ["kept", "plain"], "the expired detached job was not deleted"
     assert not (state / "old").exists()
-    assert jobs["kept"]["results"] == "waiting" and jobs["plain"]["detached"] is False
+    assert jobs["kept"].results == "waiting" and jobs["plain"].detached is False
     with pytest.raises(NoSuchDetachedJob):
         asyncio.run(backend.attach("old"))
     with pytest.raises(JobSpecError, match="was not started with --detach"):

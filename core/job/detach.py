@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict
 from ..settings import KernelSettings
 from ..settings.fields import SettingsError
 from ..settings.groups import DEFAULT_RETENTION_S
-from .events import WireKeys
 
 ResultsState = Literal["pending", "waiting", "taken", "none"]
 
@@ -73,7 +72,7 @@ def expired(record: Mapping[str, Any] | None, ended: float | None, now: float) -
     return record is not None and ended is not None and now - ended > kept_for(record)
 
 
-class DetachSummary(WireKeys, BaseModel):
+class DetachSummary(BaseModel):
     """What `%tfdist list` and the panel add for a job: detached or not, where its results are, until
     when they wait (merged into the job's `tfdist.jobrecords.JobSummary`)."""
 

@@ -80,25 +80,9 @@ class EventError(ValueError):
     """An event that cannot be read: what was wrong, in one line (never the offending value itself)."""
 
 
-class WireKeys:
-    """Read access by wire key (`ev["state"]`, `ev.get("node")`, `"task" in ev`) for callers written
-    against the wire dicts (tests, benchmarks, scripts); tfdist's own code reads the attributes."""
-
-    def _wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)  # type: ignore[attr-defined]
-
-    def __getitem__(self, key: str) -> Any:
-        return self._wire()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._wire().get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._wire()
-
-
-class _Record(WireKeys, BaseModel):
-    """A record whose unset (None) fields are left off the wire, as the dict producers always did."""
+class _Record(BaseModel):
+    """A record whose unset (None) fields are left off the wire, as the dict producers always did. Read
+    by attribute (`ev.state`); the wire form is `to_wire(ev)`, written once where it leaves the process."""
 
     model_config = _STRICT
 
@@ -198,7 +182,7 @@ class LogEvent(_Record):
     lines: Annotated[tuple[tuple[Name, Line], ...], Field(max_length=LINES_MAX)]
 
 
-class QueueInfo(WireKeys, BaseModel):
+class QueueInfo(BaseModel):
     """Where a job waits in the cluster's queue (Kueue) before it is admitted: its place in line (1 is
     next) and, when the queue says, which queue, how many workloads are ahead and the estimated wait."""
 
