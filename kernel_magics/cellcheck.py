@@ -21,6 +21,7 @@ from ..gpus import visible_gpus
 from ..jobspec import JobSpec, default_ps, parse_memory, validate
 from ..settings import Settings
 from . import args as margs
+from .fitcheck import check_fits
 
 # The shell's own names: never shipped (a user's `_data` is, though)
 SHELL_NAMES = frozenset({"get_ipython", "exit", "quit", "In", "Out", "_ih", "_oh", "_dh"})
@@ -84,6 +85,7 @@ class CellCheck:
                 + (f" (nor {', '.join(map(repr, undefined[1:]))})" if len(undefined) > 1 else "")
                 + ": run the cell that defines it first; nothing was started"
             )
+        check_fits(source, self.shell.user_ns, names.binds)
         gpus = _gpu_ids() if opts.backend == "local" else []
         name = opts.name or f"tfdist-{secrets.token_hex(3)}"
         spec = JobSpec(

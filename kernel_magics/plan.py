@@ -30,6 +30,7 @@ from ..runtime.probe import ProbeResult
 from ..settings import KernelSettings
 from ..taskenv import thread_env, usable_cores
 from . import args as margs
+from .fitcheck import check_compiled, check_fits
 
 PROBE_TIMEOUT_S = 180.0
 
@@ -91,6 +92,7 @@ def cell_fit(shell: Any, cell: str) -> FitCall:
             f"name {undefined[0]!r} is used in the cell but not defined in the notebook: run the cell "
             "that defines it first; nothing was started"
         )
+    check_fits(source, shell.user_ns, names.binds)
     reads = [n for n in names.reads if n in shell.user_ns and n not in SHELL_NAMES]
     return FitCall(model, source, reads, line_offset=1)
 
@@ -111,6 +113,7 @@ def line_fit(shell: Any, model: str, data: str) -> FitCall:
             f"{data!r} is not a tf.data dataset ({type(ns[data]).__name__}): plan measures a batched "
             "tf.data pipeline; nothing was started"
         )
+    check_compiled(model, ns)
     return FitCall(model, f"{model}.fit({data})", [model, data], line_offset=0)
 
 

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from tests import kube_plane
-from tests.kueue_proc import kueue_missing
 from tests.kueue_fixtures import _in_ci
+from tests.kueue_proc import kueue_missing
 from tests.test_kueue_plane import api_client, bound, spec, until
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend

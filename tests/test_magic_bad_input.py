@@ -57,6 +57,11 @@ CASES = [
         "name 'undefined_ds' is used in the cell but not defined",
     ),
     ("%%tfdist run\n!ls\n" + FIT, "magics and shell escapes"),
+    (
+        "%%tfdist run\nhistory = model.fit(epochs=2)",
+        "the cell's fit is given no data: pass the training data",
+    ),
+    ("%%tfdist run\nhistory = raw.fit(train_ds, epochs=1)", "'raw' is not compiled"),
     ("%%tfdist launch\n" + FIT, "unknown %tfdist command 'launch'"),
     ("%tfdist run --workers 2", "run is a cell magic"),
     ("%tfdist", "%%tfdist run [--workers N]"),
@@ -68,6 +73,11 @@ CASES = [
 
 @pytest.mark.parametrize(("cell", "message"), CASES, ids=[c[1][:40] for c in CASES])
 def test_bad_input_is_refused_and_starts_nothing(tf_kernel, cell, message):
+    if "raw." in cell:  # a model never compiled
+        r = tf_kernel.execute(
+            "raw = tf.keras.Sequential([tf.keras.layers.Input((64,)), tf.keras.layers.Dense(10)])"
+        )
+        assert r.error is None, r.error_text
     before = jobs_in(tf_kernel.state_dir)
     r = tf_kernel.execute(cell, timeout=60)
     shown = r.error_text + r.text

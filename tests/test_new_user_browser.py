@@ -62,8 +62,8 @@ def shot(page, name: str, full_page: bool = False) -> None:
 
 
 def accept_open_dialog(page) -> None:
-    """A dialog JupyterLab opened meanwhile (the kernel to start, when the notebook's session was not ready yet:
-    seen once under load) takes every click; a person reads it and takes its default button."""
+    """A dialog JupyterLab opened meanwhile (the kernel to start, when the notebook's session was not
+    ready yet: seen once under load) takes every click; a person reads it and takes its default button."""
     dialog = page.locator(".jp-Dialog")
     if dialog.count() and dialog.first.is_visible():
         print("a dialog was open:", dialog.first.inner_text()[:200].replace("\n", " "))

@@ -157,7 +157,11 @@ BAD = [
     ("%tfdist plan model train_ds --workers 0", "--workers must be at least 1"),
     ("%tfdist plan model train_ds --backend slurm", "--backend 'slurm' is unknown"),
     ("%%tfdist plan model train_ds\n" + FIT, "%%tfdist plan takes no names"),
-    ("%tfdist plan raw train_ds", "the model could not be measured"),
+    ("%tfdist plan raw train_ds", "'raw' is not compiled, so it has no optimizer or loss to train with"),
+    (
+        "%%tfdist plan\nraw.fit(train_ds, epochs=1)\n",
+        "run raw.compile(optimizer=..., loss=...) in the notebook",
+    ),
 ]
 
 

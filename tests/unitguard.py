@@ -32,6 +32,7 @@ UNIT_MODULES = frozenset(
         "test_agent_log",
         "test_build_images_cache",
         "test_data_volumes",
+        "test_fitcheck",
         "test_gpu_activity",
         "test_gpu_admin_report",
         "test_history",
