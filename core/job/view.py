@@ -24,21 +24,23 @@ from pydantic import ConfigDict, Field, TypeAdapter
 
 from . import events
 from .events import (
-    Count,
-    EpochLogs,
-    ErrorRecord,
     Event,
     LogEvent,
-    LogLine,
     MetricsEvent,
-    MetricsSample,
-    Name,
     ProgressEvent,
     QueueEvent,
     QueueInfo,
     SnapshotEvent,
     StateEvent,
     TaskEvent,
+)
+from .shapes import (
+    Count,
+    EpochLogs,
+    ErrorRecord,
+    LogLine,
+    MetricsSample,
+    Name,
     TaskName,
     TaskRecord,
     Text,
