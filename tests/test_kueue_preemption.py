@@ -18,6 +18,7 @@ from tests.kueue_proc import kueue_missing
 from tests.test_kueue_plane import api_client, bound, spec, until
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
+from tfdist.job.checkpoint import Resume
 from tfdist.job.vocab import JobState, Reason
 from tfdist.jobview import JobView
 from tfdist.kube import manifests as mf
@@ -130,12 +131,17 @@ def test_a_preempted_job_is_said_so_not_a_failed_coordinator():
     assert fold.verdict().state == JobState.SUCCEEDED
 
 
-def test_the_requeued_cell_says_where_it_waits_and_that_it_starts_over():
+def test_the_requeued_cell_says_where_it_waits_and_whether_it_starts_over():
     said = "preempted by Kueue to give queue qb its quota back"
     assert pre.requeued(said, QA, None) == (
-        f"{said}; waiting in queue qa again, it starts from the beginning when admitted"
+        f"{said}; waiting in queue qa again, it starts from the beginning when admitted "
+        "(without --checkpoint-every)"
     )
-    assert pre.requeued(said, QA, 50).endswith("(its checkpoints were in the evicted coordinator pod)")
+    assert pre.requeued(said, QA, 50).endswith("(no checkpoint had reached the notebook yet)")
+    resume = Resume(epoch=2, step=90)
+    assert pre.requeued(said, QA, 50, resume).endswith(
+        "it resumes from epoch 3 (the checkpoint at step 90) when admitted"
+    )
 
 
 # --------------------------------------------------------------------------------- the kwok plane

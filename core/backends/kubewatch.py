@@ -23,7 +23,7 @@ from ..job.events import ErrorInfo, Event, MetricsEvent, Reader, SnapshotEvent, 
 from ..job.vocab import JobState, Reason
 from ..jobspec import JobSpec
 from ..jobview import JobView
-from ..kube import preemption
+from ..kube import checkpoints, preemption
 from ..kube.cluster import KubeApi
 from ..kube.podwatch import PodWatch
 from ..kube.queueing_apply import queue_events, workload_of
@@ -50,6 +50,7 @@ class KubeWatch:
         def _selector(self, name: str) -> str: ...
         def _ours(self, name: str, pod: dict[str, Any]) -> bool: ...
         def _finish(self, name: str) -> None: ...
+        def _kept_checkpoint(self, job: KubeJob) -> str | None: ...
         def _sampled(self, job: KubeJob, ev: MetricsEvent) -> None: ...
         async def status(self, name: str) -> JobView: ...
         async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool: ...
@@ -121,12 +122,14 @@ class KubeWatch:
                             ),
                         )
                         self._finish(name)
+                        checkpoints.drop(self.settings.state_dir, self.namespace, name)
                         yield ev
                         return
                     workers = await sources()
                     continue
                 if final and (job := self._jobs.get(name)) is not None:
                     job.payload = None  # kept for a queued job while it could be preempted (_resubmit)
+                    checkpoints.drop(self.settings.state_dir, self.namespace, name)
                 if final and ev.state != JobState.SUCCEEDED:
                     await self._release(name)
                     self._finish(name)
@@ -148,7 +151,9 @@ class KubeWatch:
         left behind would take the new pods for the finished group's); what the cell says meanwhile."""
         job = self._jobs[name]
         spec, payload = job.spec, job.payload or b""
+        kept = self._kept_checkpoint(job)
         await self.stop(name, Reason.PREEMPTED)
+        resume = checkpoints.prepare_resume(kept) if kept is not None else None  # handed back at delivery
         self._ended.discard(name)  # not ended: it comes back
         api = await self.kube.api()
         deadline = time.monotonic() + GONE_WAIT_S
@@ -166,7 +171,9 @@ class KubeWatch:
         said = ev.error.message if ev.error is not None else ""
         queue = self.settings.kueue_queue or ""
         return StateEvent(
-            state=JobState.PENDING, message=preemption.requeued(said, queue, spec.checkpoint_every)
+            state=JobState.PENDING,
+            reason=Reason.PREEMPTED,
+            message=preemption.requeued(said, queue, spec.checkpoint_every, resume),
         )
 
     async def _release(self, name: str) -> None:

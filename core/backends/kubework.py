@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..job.events import MetricsEvent
 from ..jobspec import JobSpec
-from ..kube import lifeline, records, transport
+from ..kube import checkpoints, lifeline, records, transport
 from ..kube import manifests as mf
 from ..kube.agent_client import AgentClient
 from ..kube.cluster import KubeApi
@@ -62,9 +62,14 @@ class KubeJobWork:
     async def _deliver(self, name: str) -> None:
         """Hand the payload to the root Job's own pod, once (tfdist.kube.transport)."""
         job = self._jobs[name]
+        kept = self._kept_checkpoint(job)
         try:
             job.agent = transport.client_for(await self._chief_ip(job), job.token)
+            if kept is not None:  # a readmitted job resumes from the checkpoint its evicted run left
+                await checkpoints.hand_back(job.agent, kept, job.created, job.spec.timeout_s)
             await transport.deliver(job.agent, job.payload or b"", job.created, job.spec.timeout_s)
+            if kept is not None:
+                job.tasks.append(asyncio.ensure_future(checkpoints.follow(job.agent, kept)))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -73,6 +78,14 @@ class KubeJobWork:
             if not self.settings.kueue_queue:  # a queued job may be preempted and sent again (kubewatch)
                 job.payload = None  # delivered or failed: the kernel keeps no copy (it may be hundreds of MB)
             job.delivered.set()
+
+    def _kept_checkpoint(self, job: KubeJob) -> str | None:
+        """Where the kernel keeps the newest checkpoint of a job Kueue may preempt (tfdist.kube.checkpoints):
+        a queued --checkpoint-every job whose cell this kernel holds; else None."""
+        if not (job.spec.checkpoint_every and self.settings.kueue_queue and job.payload and not job.detach):
+            return None
+        digest = checkpoints.payload_digest(job.payload)
+        return checkpoints.kept_path(self.settings.state_dir, self.namespace, job.spec.name, digest)
 
     async def _chief_ip(self, job: KubeJob) -> str:
         sel = f"{self._selector(job.spec.name)},{mf.L_ROLE}=chief"

@@ -9,7 +9,11 @@ come from the job's agent are never returned (so never unpickled). A dropped con
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import hmac
 import json
+import os
 import random
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import BackendUnavailable, TfdistError
+from ..job import checkpoint as ck
 from ..job import signing
 from ..job.events import Event, Reader, StateEvent
 from ..job.vocab import JobState
@@ -147,3 +152,75 @@ class AgentClient:
 
     async def done(self) -> None:
         await self.request("POST", "/done", b"{}", timeout=10.0)
+
+    async def latest_checkpoint(self) -> ck.CheckpointInfo | None:
+        """The newest checkpoint the job's coordinator wrote (--checkpoint-every), or None (none yet, or
+        being rotated: ask again later)."""
+        status, data = await self.request("GET", "/checkpoint/latest", timeout=120.0)
+        if status in (404, 409):
+            return None
+        if status != 200:
+            raise BackendUnavailable(f"the coordinator's agent answered {status} for its checkpoint")
+        return ck.CheckpointInfo.model_validate_json(data)
+
+    async def fetch_checkpoint(
+        self, dest: str, max_bytes: int = ck.MAX_BYTES, timeout: float = 600.0
+    ) -> bool:
+        """The bundle GET /checkpoint/latest announced, streamed to `dest` (never whole in memory) and kept
+        only if the agent signed it and it is within `max_bytes`; False when the agent has none."""
+        import aiohttp
+
+        auth, nonce = signing.sign_request(self._token, "GET", "/checkpoint", signing.digest(b""))
+        session = await self._http()
+        self.requests += 1
+        tmp = f"{dest}.part"
+        try:
+            async with session.get(
+                self.base_url + "/checkpoint",
+                headers={"Authorization": auth},
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as r:
+                if r.status == 404:
+                    await r.read()
+                    return False
+                if r.status == 401:
+                    raise AgentForged(
+                        f"the coordinator's agent at {urlsplit(self.base_url).netloc} refused the job's "
+                        "signature for its checkpoint"
+                    )
+                if r.status != 200:
+                    raise BackendUnavailable(
+                        f"the coordinator's agent answered {r.status} for its checkpoint"
+                    )
+                if (r.content_length or 0) > max_bytes:
+                    raise BackendUnavailable(
+                        f"the job's checkpoint is {r.content_length} bytes, over {max_bytes}"
+                    )
+                h, got = hashlib.sha256(), 0
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    async for chunk in r.content.iter_chunked(1 << 20):
+                        got += len(chunk)
+                        if got > max_bytes:
+                            raise BackendUnavailable(f"the job's checkpoint is over {max_bytes} bytes")
+                        h.update(chunk)
+                        await asyncio.to_thread(f.write, chunk)
+                expected = signing.sign_response(self._token, nonce, 200, h.hexdigest())
+                if not hmac.compare_digest(r.headers.get(signing.RESPONSE_HEADER) or "", expected):
+                    raise AgentForged(
+                        f"{urlsplit(self.base_url).netloc} sent a checkpoint without the job's signature: "
+                        "it was not kept"
+                    )
+            os.replace(tmp, dest)
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    async def hand_back_checkpoint(self, bundle: bytes) -> ck.Resume:
+        """Give a readmitted job's coordinator its checkpoint, before the payload: its fit resumes there."""
+        status, data = await self.request("PUT", "/checkpoint", bundle, timeout=600.0)
+        if status != 200:
+            raise BackendUnavailable(f"the coordinator refused the checkpoint ({status}): {data[:300]!r}")
+        body = json.loads(data)
+        return ck.Resume(epoch=int(body["epoch"]), step=int(body["step"]))

@@ -31,6 +31,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from ..job.checkpoint import Resume
+
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 L_PRIORITY = "kueue.x-k8s.io/priority-class"  # Kueue reads a Workload's priority class from this label
 NOTEBOOK_PRIORITY = "tfdist-notebook"
@@ -104,10 +106,14 @@ def eviction(pod: Mapping[str, Any]) -> Preemption | None:
     return None
 
 
-def requeued(said: str, queue: str, checkpoint_every: int | None) -> str:
-    """What the cell says when its preempted job is submitted again: it waits in line, then starts over.
-    With --checkpoint-every too: its checkpoints lived in the evicted coordinator pod."""
-    again = f"{said}; waiting in queue {queue} again, it starts from the beginning when admitted"
+def requeued(said: str, queue: str, checkpoint_every: int | None, resume: Resume | None = None) -> str:
+    """What the cell says, once per eviction, when its preempted job is submitted again: it waits in line,
+    then resumes from the checkpoint the kernel kept (tfdist.kube.checkpoints) or starts over."""
+    waits = f"{said}; waiting in queue {queue} again"
+    if resume is not None:
+        at = f"epoch {resume.epoch + 1} (the checkpoint at step {resume.step})"
+        return f"{waits}, it resumes from {at} when admitted"
     if checkpoint_every:
-        again += " (its checkpoints were in the evicted coordinator pod)"
-    return again
+        why = "no checkpoint had reached the notebook yet"
+        return f"{waits}, it starts from the beginning when admitted ({why})"
+    return f"{waits}, it starts from the beginning when admitted (without --checkpoint-every)"

@@ -27,8 +27,12 @@ from typing import Any
 from aiohttp import web
 
 from ..events import MetricsEvent, parse, to_wire
+from ..job import checkpoint as ck
 from ..job import signing
+from ..job.events import LogEvent, ProgressEvent
+from . import ckptbundle
 from . import events as wire
+from .psrestart import CKPT_DIR
 
 CHUNK = 1 << 20
 POLL_WAIT_S = 10.0
@@ -115,6 +119,11 @@ class AgentState:
         self.payload_digest = ""
         self.delivered = threading.Event()
         self.finished = threading.Event()
+        # --checkpoint-every: the coordinator's checkpoints (psrecovery), the newest packed for the kernel
+        self.ckpt_dir = os.path.join(jobdir, CKPT_DIR)
+        self.ckpt_export = os.path.join(jobdir, "checkpoint-export.bin")
+        self.exported: ck.CheckpointInfo | None = None
+        self.resumed: ck.Resume | None = None  # the checkpoint a readmitted job was handed (PUT)
 
 
 def _reply(code: int, body: Any, nonce: str | None, token: str) -> web.Response:
@@ -198,6 +207,63 @@ def make_app(state: AgentState) -> web.Application:
             return _reply(404, {"error": "no payload yet"}, nonce, state.token)
         return await _send_file(request, os.path.join(state.jobdir, "payload.bin"), nonce, state.token)
 
+    ckpt_lock = asyncio.Lock()  # a bundle is not repacked while it is being sent
+
+    async def latest_checkpoint(nonce: str) -> web.StreamResponse:
+        """The newest checkpoint's record (ck.CheckpointInfo), packed for GET /checkpoint when newer."""
+        async with ckpt_lock:
+            prog = await asyncio.to_thread(ckptbundle.progress, state.ckpt_dir)
+            if prog is None:
+                return _reply(404, {"error": "no checkpoint yet"}, nonce, state.token)
+            if state.exported is None or (state.exported.step, state.exported.epoch) != (
+                prog.step,
+                prog.epoch,
+            ):
+                try:
+                    state.exported = await asyncio.to_thread(
+                        ckptbundle.pack, state.ckpt_dir, state.ckpt_export
+                    )
+                except ck.CheckpointError as exc:  # rotated meanwhile, or over the bound: said, asked again
+                    return _reply(409, {"error": str(exc)}, nonce, state.token)
+            return _reply(200, state.exported.model_dump(mode="json"), nonce, state.token)
+
+    async def checkpoint(request: web.Request, nonce: str) -> web.StreamResponse:
+        async with ckpt_lock:
+            if state.exported is None:
+                return _reply(
+                    404, {"error": "no checkpoint packed (GET /checkpoint/latest)"}, nonce, state.token
+                )
+            return await _send_file(request, state.ckpt_export, nonce, state.token)
+
+    async def put_checkpoint(
+        request: web.Request, nonce: str, declared: str, size: int
+    ) -> web.StreamResponse:
+        """A readmitted job's checkpoint, before its payload: checked whole, then the coordinator's fit
+        resumes from it (psrecovery). After the payload the fit may have started: refused."""
+        if size > ck.MAX_BYTES:
+            raise _refuse(413, f"a checkpoint is at most {ck.MAX_BYTES} bytes", nonce, state.token)
+        if state.payload_ready.is_set():
+            await _drain(request)
+            return _reply(
+                409, {"error": "the payload came first: the fit may have started"}, nonce, state.token
+            )
+        tmp = os.path.join(state.jobdir, f"checkpoint-in.part{id(request)}")
+        try:
+            got, digest = await _stream_to(request, tmp)
+            if got != size or digest != declared:
+                return _reply(400, {"error": "the body is not the one that was signed"}, nonce, state.token)
+            try:
+                prog = await asyncio.to_thread(ckptbundle.unpack, tmp, state.ckpt_dir)
+            except ck.CheckpointError as exc:
+                return _reply(400, {"error": f"not a checkpoint: {exc}"[:500]}, nonce, state.token)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        state.resumed = ck.Resume(epoch=prog.epoch, step=prog.step)
+        state.log.add(to_wire(LogEvent(lines=(("chief-0", "tfdist: " + state.resumed.sentence()),))))
+        state.log.add(to_wire(ProgressEvent(phase="resuming", epoch=prog.epoch, step=prog.step)))
+        return _reply(200, {"ok": True, "epoch": prog.epoch, "step": prog.step}, nonce, state.token)
+
     async def put(request: web.Request) -> web.StreamResponse:
         nonce, declared = authorize_declared(request)
         size = request.content_length
@@ -205,6 +271,8 @@ def make_app(state: AgentState) -> web.Application:
             raise _refuse(411, "a payload needs a Content-Length", nonce, state.token)
         if size > state.max_put:
             raise _refuse(413, f"{size} bytes is over the agent's {state.max_put}", nonce, state.token)
+        if request.raw_path == "/checkpoint":
+            return await put_checkpoint(request, nonce, declared, size)
         if request.raw_path != "/payload":
             await _drain(request)
             return _reply(404, {"error": "unknown path"}, nonce, state.token)
@@ -274,6 +342,10 @@ def make_app(state: AgentState) -> web.Application:
                     return await result(request, nonce)
                 if request.path == "/payload":
                     return await payload(request, nonce)
+                if request.path == "/checkpoint/latest":
+                    return await latest_checkpoint(nonce)
+                if request.path == "/checkpoint":
+                    return await checkpoint(request, nonce)
                 return _reply(404, {"error": "unknown path"}, nonce, state.token)
             if request.method == "PUT":
                 return await put(request)
