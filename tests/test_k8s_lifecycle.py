@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from tests.realpods import runs_in_real_pods
 from tests.test_k8s_backend import backend, left, private_agent_port, spec, wait_gone  # noqa: F401
 from tfdist.backends.base import Launch
 from tfdist.backends.local import LocalBackend
@@ -89,6 +90,7 @@ async def test_a_worker_pod_deleted_while_nobody_watches_is_replaced_by_the_clus
         await b.close()
 
 
+@runs_in_real_pods("tests/test_k8s_realnode_jobs.py, a real kernel SIGKILLed")
 async def test_the_cluster_ends_a_job_whose_kernel_was_sigkilled_within_90s(
     k8s_plane, k8s_namespace, tmp_path
 ):
