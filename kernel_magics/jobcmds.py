@@ -26,7 +26,7 @@ def list_row(r: JobSummary) -> str:
     """One job's line in `%tfdist list` (under LIST_HEADER)."""
     note = detach.row_note(r.model_dump())
     return (
-        f"{r.name:24} {r.backend:10} {state_word(r.state, r.queue is not None):10} "
+        f"{r.name:24} {r.backend:10} {state_word(r.state, r.queue is not None, r.reason):10} "
         f"{r.tasks_started}/{r.tasks_total:<5} {r.epoch}/{r.epochs or '?':<5} {r.message}{note}"
     )
 

@@ -252,3 +252,27 @@ def test_a_first_submission_hands_nothing_back_and_drops_a_stale_copy(tmp_path):
         return await checkpoints.hand_back(AgentClient("http://127.0.0.1:9", "t"), kept, 0, 1)
 
     assert asyncio.run(go()) is None and not os.path.exists(kept)
+
+
+def test_a_preempted_job_waiting_again_is_said_so_in_the_view_the_list_and_after_a_snapshot():
+    from tfdist.job.events import QueueEvent, StateEvent
+    from tfdist.job.view import JobView
+    from tfdist.job.vocab import JobState
+    from tfdist.jobrecords import JobSummary
+    from tfdist.kernel_magics.jobcmds import list_row
+
+    view = JobView(name="big", backend="kubernetes", state=JobState.RUNNING)
+    said = preemption.requeued("preempted by Kueue", "qa", 50, ck.Resume(epoch=2, step=90))
+    view.apply(StateEvent(state=JobState.PENDING, reason=Reason.PREEMPTED, message=said))
+    assert view.state_word == "preempted, waiting to be readmitted" and not view.finished
+    view.apply(QueueEvent(position=2, queue="qa"))  # its place in line: still said preempted, not "queued"
+    view.apply(StateEvent(state=JobState.STARTING))
+    assert view.state_word == "preempted, waiting to be readmitted"
+    again = JobView.from_dict(view.to_dict())  # another process's copy (a snapshot, the lab server)
+    assert again.state_word == "preempted, waiting to be readmitted"
+    row = list_row(JobSummary.model_validate(view.summary()))
+    assert "preempted, waiting to be readmitted" in row and "queued" not in row.split("queued:")[0]
+    view.apply(StateEvent(state=JobState.RUNNING))  # readmitted
+    assert view.state_word == "running" and view.reason == ""
+    view.apply(StateEvent(state=JobState.SUCCEEDED))
+    assert view.reason == Reason.FINISHED

@@ -71,6 +71,7 @@ __all__ = [
 ]
 
 QUEUED = "queued"  # a word for people, not a state on the wire: the job is pending with a `queue`
+PREEMPTED_WAITING = "preempted, waiting to be readmitted"  # pending again after Kueue evicted it
 METRICS_KEEP = 600  # ten minutes at 1 Hz
 LOG_KEEP = 400
 
@@ -91,9 +92,15 @@ def reason_for(state: str, error: dict[str, Any] | None = None, stop: Reason | N
     return Reason.CELL_ERROR if err.get("traceback") else Reason.LOST
 
 
-def state_word(state: str, queued: bool) -> str:
-    """A job's state for people: "queued" for one not yet admitted by the cluster's queue."""
-    return QUEUED if queued and state in (JobState.PENDING, JobState.STARTING) else str(state)
+def state_word(state: str, queued: bool, reason: str = "") -> str:
+    """A job's state for people: "queued" for one not yet admitted by the cluster's queue, "preempted,
+    waiting to be readmitted" for one Kueue evicted and the kernel submitted again (reason `preempted`
+    while it waits)."""
+    if state not in (JobState.PENDING, JobState.STARTING):
+        return str(state)
+    if reason == Reason.PREEMPTED:
+        return PREEMPTED_WAITING
+    return QUEUED if queued else str(state)
 
 
 def final_task_state(job_state: str, task_state: str) -> str:
@@ -120,7 +127,7 @@ class JobView:
     backend: Name = "local"
     state: JobState = JobState.PENDING  # pending -> starting -> running -> succeeded | failed | stopped
     message: Text = ""
-    reason: Name = ""  # a Reason value once the job has ended
+    reason: Name = ""  # a Reason value once the job has ended; `preempted` while it waits to be readmitted
     created: Time = field(default_factory=time.time)
     ended: Time | None = None
     total_tasks: Count = 0
@@ -154,7 +161,7 @@ class JobView:
     def state_word(self) -> str:
         """The state as the cell, `%tfdist list` and the panel name it: "queued" while the cluster's queue
         holds the job (the message then says where and for how long)."""
-        return state_word(self.state, self.queue is not None)
+        return state_word(self.state, self.queue is not None, self.reason)
 
     @property
     def finished(self) -> bool:
@@ -227,6 +234,11 @@ class JobView:
             self.message = ev.message
         if ev.error is not None:
             self.error = ev.error.model_dump(mode="json")
+        if not self.finished:  # preempted and submitted again: said until it runs (state_word)
+            if ev.state == JobState.RUNNING:
+                self.reason = ""
+            elif Reason.parse(ev.reason) == Reason.PREEMPTED:
+                self.reason = Reason.PREEMPTED.value
         if self.finished:
             if self.ended is None:
                 self.ended = ev.t if ev.t is not None else time.time()

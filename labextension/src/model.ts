@@ -160,9 +160,16 @@ export function jobUtil(j: IJobSummary): number | null {
 }
 
 /** The word the list shows for a job's state: "queued" while the cluster's queue holds it (the server's
- * message then says where and for how long, e.g. "queued: 3rd in team-a, about 20 min"). */
-export function stateWord(j: Pick<IJobSummary, 'state' | 'queue'>): string {
-  return j.queue && (j.state === 'pending' || j.state === 'starting') ? 'queued' : j.state;
+ * message then says where and for how long, e.g. "queued: 3rd in team-a, about 20 min"); "preempted,
+ * waiting to be readmitted" for a job Kueue evicted and its kernel submitted again (reason "preempted"). */
+export function stateWord(j: Pick<IJobSummary, 'state' | 'queue' | 'reason'>): string {
+  if (j.state !== 'pending' && j.state !== 'starting') {
+    return j.state;
+  }
+  if (j.reason === 'preempted') {
+    return 'preempted, waiting to be readmitted';
+  }
+  return j.queue ? 'queued' : j.state;
 }
 
 /** What the panel says of a detached job (it runs without a kernel; its results wait for an attach);

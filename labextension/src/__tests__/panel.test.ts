@@ -183,6 +183,10 @@ test('a job in the cluster\'s queue is "queued" in the list, the server\'s sente
   assert.equal(stateWord(summary('r', { queue: null })), 'running');
   // a late queue record on a job that already runs or ended does not make it look queued
   assert.equal(stateWord(summary('s', { state: 'failed', queue: { position: 1 } })), 'failed');
+  // a job Kueue preempted and its kernel submitted again says so, in line or not, until it runs
+  const again = summary('p', { state: 'pending', reason: 'preempted', queue: { position: 1 } });
+  assert.equal(stateWord(again), 'preempted, waiting to be readmitted');
+  assert.equal(stateWord(summary('p', { state: 'failed', reason: 'preempted' })), 'failed');
   const doc = dom();
   const c = doc.createElement('div');
   doc.body.appendChild(c);
