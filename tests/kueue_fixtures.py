@@ -1,7 +1,7 @@
-"""One kwok plane with Kueue for every Kueue module of a pytest process that uses it (test_kueue_plane.py;
-test_kueue_preemption.py starts its own again, docs/queueing.md says why): the first module that asks
-starts it, the session's end stops it. Starting one
-costs 13-35 s (60 s on a loaded machine), most of it the API server establishing Kueue's 11 CRDs.
+"""One kwok plane with Kueue for every Kueue module of a pytest process that uses it (test_kueue_plane.py,
+test_kueue_visibility.py; test_kueue_preemption.py starts its own again, docs/queueing.md says why): the
+first module that asks starts it, the session's end stops it. Starting one costs 13-35 s (60 s on a
+loaded machine), most of it the API server establishing Kueue's 11 CRDs.
 
 Each module gets the plane bare of what an earlier module left: that module's namespaces (its Jobs, pods
 and Workloads with them) and kwok nodes are deleted; Kueue's cluster objects (flavors, cohort,
@@ -11,6 +11,7 @@ share a worker (the ``k8s`` mark: tests/conftest.py), one after the other, so on
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -80,3 +81,23 @@ def _stop() -> None:
     if plane is not None:
         print(f"\nthe Kueue plane, seconds each module waited for it: {WAITS}")
         plane.stop()
+
+
+async def api_client(plane: kube_plane.ControlPlane):
+    """An admin's kubernetes_asyncio client for the plane (use as `async with await api_client(plane)`)."""
+    from kubernetes_asyncio import client, config
+
+    cfg = client.Configuration()
+    await config.load_kube_config(config_file=plane.kubeconfig, client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+async def until(what: str, check, timeout: float = 60, every: float = 0.2):
+    """`check()`'s first truthy value, polled without blocking the test's event loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(every)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kueue_fixtures import kueue_plane
+from tests.kueue_fixtures import api_client, kueue_plane, until
 from tests.kueue_proc import GATE
 from tests.test_k8s_escapes import call, gpu_job, refused
 from tests.test_k8s_tenancy import _api_for_token, _token, gpu_policy, notebook_pod, wait_policy_in_force
@@ -59,14 +59,6 @@ PROFILES = {
     ],
 }
 TIMES: dict[str, float] = {}
-
-
-async def api_client(plane):
-    from kubernetes_asyncio import client, config
-
-    cfg = client.Configuration()
-    await config.load_kube_config(config_file=plane.kubeconfig, client_configuration=cfg)
-    return client.ApiClient(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -126,16 +118,6 @@ def bound(p: dict) -> bool:
 
 def gated(p: dict) -> bool:
     return any(g["name"] == GATE for g in p["spec"].get("schedulingGates", []))
-
-
-async def until(what: str, check, timeout: float = 60, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(every)
 
 
 def all_bound(plane, ns, job, n):

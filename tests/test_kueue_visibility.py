@@ -21,9 +21,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from tests import kube_plane
-from tests.kueue_fixtures import _in_ci
-from tests.kueue_proc import APISERVICE, VISIBILITY_DIR, kueue_missing
+from tests.kueue_fixtures import api_client, kueue_plane, until
+from tests.kueue_proc import APISERVICE, VISIBILITY_DIR
 from tests.test_k8s_escapes import call
 from tests.test_k8s_tenancy import _api_for_token, _token
 from tfdist.backends.base import Launch
@@ -61,28 +60,14 @@ PROFILES = {
 TIMES: dict[str, float] = {}
 
 
-async def admin_api(plane):
-    from kubernetes_asyncio import client, config
-
-    cfg = client.Configuration()
-    await config.load_kube_config(config_file=plane.kubeconfig, client_configuration=cfg)
-    return client.ApiClient(cfg)
-
-
 @pytest.fixture(scope="module")
-def kv():
-    bin_dir = kube_plane.find_bin_dir()
-    why = ", ".join(kube_plane.missing_binaries(bin_dir)) or kueue_missing()
-    if why:
-        if _in_ci():
-            pytest.fail(f"{why} [CI is set, so this is an error]", pytrace=False)
-        pytest.skip(why)
+def kv(request):
+    """The process's one plane with Kueue (tests/kueue_fixtures.py: its visibility server behind an
+    APIService), with this module's node, two users of one queue and their Roles."""
     t0 = time.monotonic()
-    plane = kube_plane.ControlPlane(bin_dir, kueue=True)
+    plane = kueue_plane(request.config, __name__)
     try:
-        plane.start()
         TIMES["plane_with_kueue_s"] = time.monotonic() - t0
-        TIMES["kueue_start_s"] = plane.kueue_seconds or 0.0
         TIMES["visibility_wait_s"] = plane.kueue.visibility_seconds or 0.0
         plane.add_gpu_nodes(1, 8, H100["nvidia.com/gpu.product"])
         for u in (ANN, BOB):
@@ -94,7 +79,7 @@ def kv():
                 plane.request("POST", f"{base}/namespaces/{u}/{kind[obj['kind']]}", obj)
 
         async def setup():
-            async with await admin_api(plane) as api:
+            async with await api_client(plane) as api:
                 cfg = parse_profiles(PROFILES)
                 await qa.converge(api, cfg)
                 for u in (ANN, BOB):
@@ -111,7 +96,6 @@ def kv():
         yield plane
     finally:
         print(f"\nkueue visibility plane timings: {TIMES}")
-        plane.stop()
 
 
 def backend(plane, ns: str) -> KubernetesBackend:
@@ -146,16 +130,6 @@ def eight_gpus(name: str, ns: str) -> JobSpec:
 
 def pods(plane, ns: str, job: str) -> list[dict]:
     return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3D{job}")["items"]
-
-
-async def until(what: str, check, timeout: float = 90, every: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(every)
 
 
 def workload(plane, ns: str, name: str) -> dict | None:
@@ -205,11 +179,11 @@ async def test_place_in_line_counts_the_other_users_pending_jobs(kv):
     a, b = backend(kv, ANN), backend(kv, BOB)
     try:
         await a.submit(eight_gpus("first", ANN), b"p", Launch())
-        await until("ann's first job admitted", lambda: ql.is_admitted(workload(kv, ANN, "first") or {}))
+        await until("ann's first job admitted", lambda: ql.is_admitted(workload(kv, ANN, "first") or {}), 90)
         await a.submit(eight_gpus("second", ANN), b"p", Launch())
-        await until("ann's second job pending", lambda: pending(kv, ANN, "second"))
+        await until("ann's second job pending", lambda: pending(kv, ANN, "second"), 90)
         await b.submit(eight_gpus("late", BOB), b"p", Launch())
-        await until("bob's job pending", lambda: pending(kv, BOB, "late"))
+        await until("bob's job pending", lambda: pending(kv, BOB, "late"), 90)
 
         bob_token = _token(kv, BOB, tenancy.NOTEBOOK_SA)
         async with _api_for_token(kv, bob_token) as bob_api:
