@@ -20,7 +20,8 @@ from tornado.httpclient import HTTPClientError
 
 from .metrics import render_metrics
 from .report import ReportError, parse_report
-from .service import GpuAdminState, UnknownServer
+from .servers import UnknownServer
+from .service import GpuAdminState
 
 __all__ = ["make_app"]
 

@@ -23,7 +23,8 @@ from tfdist.gpus import visible_gpus
 from tfdist.hubadmin.config import CullingConfig, CullingRule
 from tfdist.hubadmin.culler import decide
 from tfdist.hubadmin.report import parse_report
-from tfdist.hubadmin.service import GpuAdminState, ServerRecord
+from tfdist.hubadmin.servers import ServerRecord
+from tfdist.hubadmin.service import GpuAdminState
 from tfdist.labserver.activity import GpuActivity
 from tfdist.labserver.sampler import ServerSampler
 from tfdist.nvml import Nvml
