@@ -34,6 +34,7 @@ UNIT_MODULES = frozenset(
         "test_data_volumes",
         "test_fitcheck",
         "test_gpu_activity",
+        "test_gpu_admin_page",
         "test_gpu_admin_report",
         "test_history",
         "test_import_direction",

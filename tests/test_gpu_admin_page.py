@@ -1,0 +1,48 @@
+"""The admin page's rows from the service's records alone (tfdist.hubadmin.page.page_view): busy and free
+GPUs per model, a server whose reports stopped says so and is not counted busy, and a refused report stays
+visible after the next good one."""
+
+from __future__ import annotations
+
+from tfdist.hubadmin.page import page_view
+from tfdist.hubadmin.report import GpuRecord
+from tfdist.hubadmin.servers import ServerRecord
+
+NOW = 1_800_000_000.0
+A100 = "NVIDIA A100-SXM4-40GB"
+
+
+def server(user: str, utils: list[float | None], seen_ago: float) -> ServerRecord:
+    rec = ServerRecord(user=user, name="", profile="gpu", gpu_model="a100", url=f"/user/{user}/")
+    rec.gpus = [GpuRecord(index=i, name=A100, uuid=f"GPU-{user}-{i}") for i in range(len(utils))]
+    rec.add(NOW - seen_ago, utils, [1000.0] * len(utils))
+    rec.seen = NOW - seen_ago
+    return rec
+
+
+def view(*records: ServerRecord, machine: list[str] | None = None) -> dict:
+    return page_view(records, lambda rec: 10.0, {"a100": "A100 40GB"}, machine, NOW - 5, NOW)
+
+
+def test_busy_held_and_free_per_model_from_fresh_reports_only():
+    busy, idle, gone = server("ann", [80.0, 3.0], 5), server("bob", [0.0], 10), server("cy", [90.0], 900)
+    page = view(busy, idle, gone, machine=[A100] * 6)
+    assert page["totals"] == [{"model": A100, "held": 4, "busy": 1, "free": 2}]  # cy's stale 90 % is not busy
+    rows = {r["user"]: r for r in page["servers"]}
+    assert rows["ann"]["util_text"] == ["80%", "3%"] and rows["ann"]["gpu_model"] == "A100 40GB"
+    assert rows["cy"]["action"] == "no-data" and rows["cy"]["error"].startswith(
+        "no data (no report for 900 s"
+    )
+    assert rows["cy"]["util"] == [None] and rows["ann"]["error"] is None
+
+
+def test_unknown_machine_gpus_give_no_free_count():
+    assert view(server("ann", [50.0], 1))["totals"][0]["free"] is None
+
+
+def test_a_refusal_stays_on_the_row_after_a_good_report():
+    rec = server("mallory", [20.0], 1)
+    rec.refused, rec.refusals, rec.last_refusal = None, 3, (NOW - 30, "'idle_s' must be at least 0")
+    [row] = view(rec)["servers"]
+    assert row["error"] is None  # her last report was good
+    assert row["refusals"] == {"count": 3, "at": NOW - 30, "why": "'idle_s' must be at least 0"}
