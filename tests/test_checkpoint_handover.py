@@ -248,10 +248,10 @@ def test_a_first_submission_hands_nothing_back_and_drops_a_stale_copy(tmp_path):
     os.makedirs(os.path.dirname(kept))
     open(kept, "wb").close()
 
-    async def go():
-        return await checkpoints.hand_back(AgentClient("http://127.0.0.1:9", "t"), kept, 0, 1)
-
-    assert asyncio.run(go()) is None and not os.path.exists(kept)
+    assert not checkpoints.resuming(kept) and not os.path.exists(kept)
+    open(kept, "wb").close()
+    os.replace(kept, checkpoints.resume_path(kept))  # what prepare_resume leaves for the new run
+    assert checkpoints.resuming(kept) and os.path.exists(checkpoints.resume_path(kept))
 
 
 def test_a_preempted_job_waiting_again_is_said_so_in_the_view_the_list_and_after_a_snapshot():
@@ -276,3 +276,22 @@ def test_a_preempted_job_waiting_again_is_said_so_in_the_view_the_list_and_after
     assert view.state_word == "running" and view.reason == ""
     view.apply(StateEvent(state=JobState.SUCCEEDED))
     assert view.reason == Reason.FINISHED
+
+
+def test_another_server_reads_a_resubmitted_root_job_as_preempted_until_it_runs():
+    from tfdist.kube import status
+
+    marked = {"metadata": {"name": "big", "annotations": {preemption.A_RESUBMITTED: ""}}, "status": {}}
+    plain = {"metadata": {"name": "big"}, "status": {}}
+    chief = {
+        "metadata": {"name": "big-0", "labels": {"tfdist.io/task": "chief-0"}},
+        "status": {"phase": "Pending"},
+    }
+    assert status.view("big", None, [chief], marked, 0.0).state_word == "preempted, waiting to be readmitted"
+    assert status.view("big", None, [chief], plain, 0.0).state_word == "starting"
+    running = {
+        **chief,
+        "status": {"phase": "Running", "containerStatuses": [{"ready": True, "state": {"running": {}}}]},
+    }
+    v = status.view("big", None, [running], marked, 0.0)
+    assert v.state_word == "running" and v.reason == ""

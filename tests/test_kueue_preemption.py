@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 
 import pytest
@@ -15,17 +16,20 @@ import pytest
 from tests import kube_plane
 from tests.kueue_fixtures import _in_ci
 from tests.kueue_proc import kueue_missing
+from tests.test_checkpoint_handover import write_checkpoint
 from tests.test_kueue_plane import api_client, bound, spec, until
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.job.checkpoint import Resume
 from tfdist.job.vocab import JobState, Reason
 from tfdist.jobview import JobView
+from tfdist.kube import checkpoints
 from tfdist.kube import manifests as mf
 from tfdist.kube import preemption as pre
 from tfdist.kube import queueing as q
 from tfdist.kube import queueing_apply as qa
 from tfdist.kube.podfold import PodFold
+from tfdist.runtime import ckptbundle
 from tfdist.settings import from_environ
 from tfdist.spawner.profiles import parse_profiles
 
@@ -181,7 +185,7 @@ def kp():
         plane.stop()
 
 
-def backend(plane, ns: str, queue: str) -> KubernetesBackend:
+def backend(plane, ns: str, queue: str, state_dir: str = "") -> KubernetesBackend:
     b = KubernetesBackend(
         from_environ(
             {
@@ -190,6 +194,7 @@ def backend(plane, ns: str, queue: str) -> KubernetesBackend:
                 "USER": ns,
                 "TFDIST_KUEUE_QUEUE": queue,
             }
+            | ({"TFDIST_STATE_DIR": state_dir} if state_dir else {})
         ),
         kubeconfig=plane.kubeconfig,
     )
@@ -241,20 +246,30 @@ def notebook(plane, ns: str, queue: str, gpus: int) -> str:
 
 
 @pytest.mark.k8s
-async def test_a_borrowing_job_is_evicted_whole_and_comes_back_when_the_lender_is_done(kp):
-    """ann's job (2 x 4 GPUs) borrows qb's 4 idle GPUs; bob's job (4 GPUs, qb's own quota) arrives: ann's
-    job is evicted whole (no pod of it left bound), bob's is admitted, ann's cell says preempted and
-    queued again, and ann's job is readmitted whole (the same cell, submitted again) when bob's ends."""
-    a, b = backend(kp, ANN, QA), backend(kp, BOB, QB)
+async def test_a_borrowing_job_is_evicted_whole_and_comes_back_when_the_lender_is_done(kp, tmp_path):
+    """ann's job (2 x 4 GPUs, --checkpoint-every) borrows qb's 4 idle GPUs; bob's job (4 GPUs, qb's own
+    quota) arrives: ann's job is evicted whole (no pod of it left bound), bob's is admitted, ann's cell
+    says preempted and queued again with the checkpoint her kernel kept, and ann's job is readmitted whole
+    (the same cell, submitted again, that checkpoint waiting to be handed to its coordinator) when bob's
+    ends. Another server of ann's reads it as preempted, waiting to be readmitted, meanwhile."""
+    a, b = backend(kp, ANN, QA, str(tmp_path)), backend(kp, BOB, QB)
     seen: list = []
 
     def states() -> list:
         return [e for e in seen if e.type == "state"]
 
     try:
-        await a.submit(spec("big", ANN, workers=2, ps=1, gpus_per_worker=4), b"p", Launch())
+        await a.submit(
+            spec("big", ANN, workers=2, ps=1, gpus_per_worker=4, checkpoint_every=5), b"p", Launch()
+        )
         await until("ann's job bound", lambda: sum(map(bound, job_pods(kp, ANN, "big"))) == 4, 90)
         first_run = {p["metadata"]["uid"] for p in job_pods(kp, ANN, "big")}
+        # what the kernel's keeper fetched from the coordinator's agent while it trained (kwok pods run
+        # nothing: tests/test_pod_runtime_preempt_resume.py fetches a real one)
+        kept = checkpoints.kept_path(str(tmp_path), ANN, "big", checkpoints.payload_digest(b"p"))
+        write_checkpoint(tmp_path / "pod-ckpt", 40, epoch=2)
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        ckptbundle.pack(str(tmp_path / "pod-ckpt"), kept)
 
         async def follow():
             async for ev in a.watch("big"):
@@ -277,7 +292,29 @@ async def test_a_borrowing_job_is_evicted_whole_and_comes_back_when_the_lender_i
         assert told.message.startswith(
             "preempted by Kueue to give queue qb its quota back; waiting in queue qa"
         )
-        assert "starts from the beginning" in told.message
+        assert told.message.endswith("it resumes from epoch 3 (the checkpoint at step 40) when admitted")
+        assert told.reason == Reason.PREEMPTED
+        # the new run's delivery holds the checkpoint for its coordinator (handed over before the payload)
+        assert os.path.exists(checkpoints.resume_path(kept)) and not os.path.exists(kept)
+        other = backend(kp, ANN, QA)  # another server of ann's: it reads the cluster
+        try:
+            await until(
+                "the new root marked",
+                lambda: (
+                    pre.A_RESUBMITTED
+                    in (
+                        kp.get(f"/apis/batch/v1/namespaces/{ANN}/jobs/big")["metadata"].get("annotations")
+                        or {}
+                    )
+                ),
+                30,
+            )
+            elsewhere = await other.status("big")
+            assert elsewhere.state_word == "preempted, waiting to be readmitted", elsewhere.summary()
+            (row,) = [r for r in await other.list_jobs() if r.name == "big"]
+            assert row.reason == Reason.PREEMPTED and row.state in (JobState.PENDING, JobState.STARTING)
+        finally:
+            await other.close()
         await until(
             "ann's place in line", lambda: [e for e in seen[seen.index(told) :] if e.type == "queue"], 60
         )
@@ -302,6 +339,7 @@ async def test_a_borrowing_job_is_evicted_whole_and_comes_back_when_the_lender_i
         for ev in seen[1:]:
             view.apply(ev)
         assert view.state == JobState.RUNNING and view.queue is None and view.error is None
+        assert view.state_word == "running" and view.reason == ""
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watching

@@ -168,6 +168,7 @@ class KubeWatch:
                 raise TimeoutError(f"its evicted objects were still there after {GONE_WAIT_S:g}s")
             await asyncio.sleep(0.5)
         await self.submit(spec, payload, Launch())
+        await preemption.mark_resubmitted(self.kube, self.namespace, name, resume)
         said = ev.error.message if ev.error is not None else ""
         queue = self.settings.kueue_queue or ""
         return StateEvent(

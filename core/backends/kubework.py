@@ -63,10 +63,11 @@ class KubeJobWork:
         """Hand the payload to the root Job's own pod, once (tfdist.kube.transport)."""
         job = self._jobs[name]
         kept = self._kept_checkpoint(job)
+        resume = kept if kept is not None and checkpoints.resuming(kept) else None
         try:
             job.agent = transport.client_for(await self._chief_ip(job), job.token)
-            if kept is not None:  # a readmitted job resumes from the checkpoint its evicted run left
-                await checkpoints.hand_back(job.agent, kept, job.created, job.spec.timeout_s)
+            if resume is not None:  # a readmitted job resumes from the checkpoint its evicted run left
+                await checkpoints.hand_back(job.agent, resume, job.created, job.spec.timeout_s)
             await transport.deliver(job.agent, job.payload or b"", job.created, job.spec.timeout_s)
             if kept is not None:
                 job.tasks.append(asyncio.ensure_future(checkpoints.follow(job.agent, kept)))

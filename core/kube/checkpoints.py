@@ -72,15 +72,21 @@ def prepare_resume(kept: str) -> ck.Resume | None:
     return ck.Resume(epoch=got.epoch, step=got.step)
 
 
+def resuming(kept: str) -> bool:
+    """As a job's delivery starts: does a checkpoint wait to be handed back (a preempted job's new run)?
+    If not, this is a first submission, and a copy an earlier run of the same cell left is dropped."""
+    if os.path.exists(resume_path(kept)):
+        return True
+    with contextlib.suppress(OSError):
+        os.unlink(kept)
+    return False
+
+
 async def hand_back(client: AgentClient, kept: str, created: float, timeout_s: float) -> ck.Resume | None:
-    """A readmitted job's checkpoint to its new coordinator, before the payload (None: nothing to hand
-    back: a first submission, whose stale copies of an earlier run of the cell are dropped). The copy
-    stays the job's newest until its new run writes a newer one."""
+    """A readmitted job's checkpoint (`prepare_resume`) to its new coordinator, before the payload (None:
+    the agent was never reached; the payload's delivery says why). The copy stays the job's newest until
+    its new run writes a newer one."""
     back = resume_path(kept)
-    if not os.path.exists(back):
-        with contextlib.suppress(OSError):
-            os.unlink(kept)
-        return None
     while not await client.reachable():
         if time.time() > created + timeout_s + AGENT_GRACE_S:
             return None  # the payload's delivery says why the agent was not reached

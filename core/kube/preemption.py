@@ -28,10 +28,14 @@ pod's condition, which the job's pod watch already has.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..job.checkpoint import Resume
+
+if TYPE_CHECKING:
+    from .cluster import KubeApi
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 L_PRIORITY = "kueue.x-k8s.io/priority-class"  # Kueue reads a Workload's priority class from this label
@@ -43,6 +47,11 @@ C_TERMINATION = "TerminationTarget"  # Kueue's pod condition on a pod it stops (
 STOP_EVICTED = "WorkloadEvicted"
 PREEMPTED_PREFIX = "Preempted to accommodate a workload"
 RECLAIM_WORDS = "reclamation within the cohort"  # Kueue's words for InCohortReclamation
+# On the root Job of a job the kernel submitted again after Kueue preempted it: any server's `%tfdist
+# list` reads "preempted, waiting to be readmitted" until it runs (tfdist.kube.status). Its value: the
+# checkpoint it resumes from (a Resume as JSON), or "" when it starts over.
+A_RESUBMITTED = "tfdist.io/preempted-resubmitted"
+log = logging.getLogger(__name__)
 
 
 def policy() -> dict[str, Any]:
@@ -117,3 +126,24 @@ def requeued(said: str, queue: str, checkpoint_every: int | None, resume: Resume
         why = "no checkpoint had reached the notebook yet"
         return f"{waits}, it starts from the beginning when admitted ({why})"
     return f"{waits}, it starts from the beginning when admitted (without --checkpoint-every)"
+
+
+def resubmitted(root: Mapping[str, Any] | None) -> bool:
+    """Is this root Job a preempted job's new run (`A_RESUBMITTED`)?"""
+    return A_RESUBMITTED in (((root or {}).get("metadata") or {}).get("annotations") or {})
+
+
+async def mark_resubmitted(kube: KubeApi, namespace: str, name: str, resume: Resume | None) -> None:
+    """Say on the new root Job that it is a preempted job's new run, where another server's list reads it.
+    Only a word for people: a root Job that keeps changing or is gone is left as it is."""
+    value = resume.model_dump_json() if resume is not None else ""
+    for _ in range(5):
+        try:
+            root = await kube.read_job(name, namespace)
+            if root is None:
+                return
+            root["metadata"].setdefault("annotations", {})[A_RESUBMITTED] = value
+            await kube.replace_job(root, keep=("suspend", "activeDeadlineSeconds"), attempts=1)
+            return
+        except Exception as exc:  # a conflict (the lifeline renewed it): read it again
+            log.debug("root Job %s not marked as resubmitted yet: %s", name, exc)

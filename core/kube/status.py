@@ -15,6 +15,7 @@ from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..tf_config import TaskId
 from . import manifests as mf
+from . import preemption
 
 TaskStates = dict[str, tuple[str, str]]  # task -> (state, message)
 TEXT_MAX = 4096  # of the cluster's words kept in an event (a pod's status message, a Job's condition)
@@ -187,6 +188,8 @@ def view(
         v.state, v.message = JobState.RUNNING, "all tasks running"
     else:
         v.state = JobState.STARTING
+    if v.state in (JobState.PENDING, JobState.STARTING) and preemption.resubmitted(root):
+        v.reason = Reason.PREEMPTED.value  # "preempted, waiting to be readmitted" (JobView.state_word)
     return v
 
 
