@@ -39,6 +39,7 @@ UNIT_MODULES = frozenset(
         "test_history",
         "test_import_direction",
         "test_job_detach",
+        "test_lifeline_renewal",
         "test_job_reasons",
         "test_job_vocab",
         "test_jobrecords",

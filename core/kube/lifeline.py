@@ -28,12 +28,20 @@ def deadline_for(started: float, now: float, grace_s: float) -> int:
 
 
 async def keep(
-    kube: KubeApi, root: dict[str, Any], done: Callable[[], bool], grace_s: float, renew_s: float
+    kube: KubeApi,
+    root: dict[str, Any],
+    done: Callable[[], bool],
+    grace_s: float,
+    renew_s: float,
+    retry_s: float = 1.0,
 ) -> None:
-    """Renew until `done()` or the root is gone; one update (PUT) per renew_s."""
+    """Renew until `done()` or the root is gone; one update (PUT) per renew_s. A failed renewal (the API
+    server away or overloaded) is tried again after retry_s, doubling up to renew_s, not a whole renew_s
+    later: at most renew_s passes without a renewal attempt, so the grace's misses are really misses."""
     name, ns = root["metadata"]["name"], root["metadata"]["namespace"]
+    wait, failures = renew_s, 0
     while not done():
-        await asyncio.sleep(renew_s)
+        await asyncio.sleep(wait)
         if done():
             return
         try:
@@ -41,13 +49,16 @@ async def keep(
                 root = await kube.read_job(name, ns) or root
             start = (root.get("status") or {}).get("startTime")
             if not start:
+                wait = renew_s
                 continue
             started = datetime.fromisoformat(str(start).replace("Z", "+00:00")).timestamp()
             root["spec"]["activeDeadlineSeconds"] = deadline_for(started, time.time(), grace_s)
             root = await kube.replace_job(root, keep=("suspend", "activeDeadlineSeconds"))
+            wait, failures = renew_s, 0
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if getattr(exc, "status", None) == 404:
                 return  # the job is gone
-            await asyncio.sleep(1)  # API server away: try again; the grace covers a few misses
+            failures += 1
+            wait = min(renew_s, retry_s * 2 ** (failures - 1))
