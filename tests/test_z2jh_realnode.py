@@ -10,12 +10,20 @@ and keeps the running server; stopping the server takes the detached job with th
 collector); `helm uninstall` then the documented cleanup (docs/admins.md) leave no tenant object. (The
 example trains on the real node here only: tests/test_k8s_realnode_hub.py keeps the browser spawn.)
 
+Then the tenancy attacks of tests/test_k8s_tenancy.py and tests/test_k8s_realnode_egress.py, against this
+deployment (issue 24): with the token the user's z2jh-spawned server mounts, from a kernel in that pod, the
+user reads no Secret of the hub or pod of another user, creates no pod, gets no privileged, hostPath or
+hostNetwork pod and nothing past the quota through a Job, no GPU and no Service with externalIPs, and cannot
+rewrite an admitted Job's template; from that pod the hub's other ports, the proxy's API and a second user's
+server and listening ports are out of reach while the hub's API and proxy-public answer.
+
 The hub runs the JupyterHub of z2jh 4.4's hub image (5.5, docker/hub.lock); one module-wide deployment,
 the tests in order (each needs the one before).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -28,9 +36,11 @@ import requests
 import yaml
 
 from tests import realnode, realnode_z2jh
+from tests.hub_fixtures import error_text
 from tests.hub_user import HubUser, form_defaults
-from tests.realnode_fixtures import realnode_cli
+from tests.realnode_fixtures import RESTRICTED, realnode_cli
 from tests.realnode_jobs import EXAMPLE_CHECK, PodWatcher, all_job_objects, code_cells, job_pods, running
+from tests.test_cluster_hardening import DENIED
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.timeout(2400)]
 
@@ -241,6 +251,363 @@ def test_user_logs_in_spawns_from_the_form_and_the_example_trains(real_cluster, 
 
 def detached_running(real_cluster, ns: str) -> list[dict]:
     return running(job_pods(real_cluster, ns, DETACHED))
+
+
+# run in a kernel of the user's server: the API as `kubectl` in their terminal sees it (the pod's own token)
+API_CLIENT = """
+import json, ssl, urllib.error, urllib.request
+_sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+_ctx = ssl.create_default_context(cafile=_sa + "ca.crt")
+_token = open(_sa + "token").read()
+def call(method, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": "Bearer " + _token, "Content-Type": "application/json"}
+    req = urllib.request.Request("https://kubernetes.default.svc" + path, data, headers, method=method)
+    try:
+        with urllib.request.urlopen(req, context=_ctx, timeout=20) as r:
+            return r.status, "", json.load(r)
+    except urllib.error.HTTPError as e:
+        doc = json.loads(e.read() or b"{}")
+        return e.code, doc.get("message", ""), doc
+"""
+
+# the attacks, in order: reads, a pod, Jobs, Services owned by the suspended Job, then that Job's template
+ATTACKS = """
+S = json.loads(SPEC)
+out = {name: call("GET", path)[:2] for name, path in S["reads"].items()}
+out["pod"] = call("POST", S["pods"], S["pod"])[:2]
+for name, job in S["jobs"].items():
+    out[name] = call("POST", S["jobs_path"], job)[:2]
+_, _, job = call("GET", S["jobs_path"] + "/" + S["suspended"])
+meta = job["metadata"]
+owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}]
+for name, svc in S["services"].items():
+    svc["metadata"]["ownerReferences"] = owner
+    out[name] = call("POST", S["services_path"], svc)[:2]
+for _ in range(5):  # the Job controller writes the suspended Job's status meanwhile (409: read it again)
+    _, _, job = call("GET", S["jobs_path"] + "/" + S["suspended"])
+    job["spec"]["template"]["spec"]["tolerations"] = [{"operator": "Exists"}]
+    out["update"] = call("PUT", S["jobs_path"] + "/" + S["suspended"], job)[:2]
+    if out["update"][0] != 409:
+        break
+print("ATTACKS " + json.dumps(out))
+"""
+
+# a listener on every address of the second user's pod, as a kernel or a tool there may open one; it checks
+# that it answers on its pod address (so a refusal from the first user's pod is the network's doing)
+LISTENER = """
+import socket, threading
+_srv = socket.create_server(("0.0.0.0", 0))
+def _serve():
+    while True:
+        c, _ = _srv.accept()
+        c.sendall(b"victim\\n"); c.close()
+threading.Thread(target=_serve, daemon=True).start()
+_ip = socket.gethostbyname(socket.gethostname())
+with socket.create_connection((_ip, _srv.getsockname()[1]), timeout=5) as _c:
+    print("LISTEN", _ip, _srv.getsockname()[1], _c.recv(16).decode().strip())
+"""
+
+# from the user's server pod: each target tried for a few seconds at once (CONNECTED at the first success)
+NET = """
+import json, socket, threading, time
+T = json.loads(TARGETS)
+def connect(host, port, seconds=8):
+    end, err = time.monotonic() + seconds, None
+    while time.monotonic() < end:
+        s = socket.socket(); s.settimeout(2)
+        try:
+            s.connect((host, port)); return "CONNECTED"
+        except OSError as e:
+            err = e; time.sleep(0.25)
+        finally:
+            s.close()
+    return "BLOCKED %r" % (err,)
+out = {}
+ts = [threading.Thread(target=lambda k=k, t=t: out.__setitem__(k, connect(*t))) for k, t in T.items()]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("NET " + json.dumps(out))
+"""
+
+
+def attack_job(name: str, image: str, owner: dict, queue: str, pod: dict | None = None, **container) -> dict:
+    """A batch Job the user's Role may create, owned by their server's pod (the admission policy asks for
+    that) and otherwise what Pod Security "restricted" admits: `pod` and `container` add the attack."""
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    c = {"name": "c", "image": image, "imagePullPolicy": "Never", "command": ["python3", "-c", "pass"]}
+    c["securityContext"] = dict(RESTRICTED)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"restartPolicy": "Never", "containers": [c | container], **(pod or {})},
+            },
+        },
+    }
+
+
+def service(name: str, **spec) -> dict:
+    return {"metadata": {"name": name}, "spec": {"ports": [{"port": 8080}], **spec}}
+
+
+def kernel_json(res, prefix: str) -> dict:
+    assert res.error is None, res.error
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith(prefix + " ")), None)
+    assert line, res.stdout[-2000:]
+    return json.loads(line[len(prefix) + 1 :])
+
+
+def failed_creates(real_cluster, ns: str, jobs: list[str]) -> dict[str, str]:
+    """The Job controller's refusals to create the jobs' pods: job -> the first refusal's message."""
+    evs = real_cluster.get(f"/api/v1/namespaces/{ns}/events?fieldSelector=reason%3DFailedCreate")["items"]
+    out: dict[str, str] = {}
+    for e in evs:
+        name = e["involvedObject"]["name"]
+        if e["involvedObject"]["kind"] == "Job" and name in jobs:
+            out.setdefault(name, e["message"])
+    return out
+
+
+def spawn_refusal(hu: HubUser, server: str, fields: list[tuple[str, str]], **changed: str) -> tuple[int, str]:
+    """POST the spawn form of a named server with some fields changed: (status, the form's error)."""
+    data = [(k, changed.pop(k, v)) for k, v in fields] + list(changed.items())
+    r = hu.session.post(
+        f"{hu.url}/hub/spawn/{hu.name}/{server}",
+        data=data,
+        headers={"X-XSRFToken": hu.session.cookies.get("_xsrf") or ""},
+        timeout=120,
+        allow_redirects=False,
+    )
+    return r.status_code, error_text(r)
+
+
+def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deployed: Deployed) -> None:
+    """Issue 24: the attacks of the plain spawner's path (tests/test_k8s_tenancy.py, the real node's egress
+    tests) from inside the server z2jh spawned, as its user can make them; each with a control that works."""
+    hub, user = deployed.hub, deployed.user
+    ns = f"{NS}-{user}"
+    t0 = time.monotonic()
+    # a second user, their server spawned as the first one's was (from the form's defaults)
+    victim = HubUser(hub.url, f"v{uuid.uuid4().hex[:6]}", hub.password)
+    vns = f"{NS}-{victim.name}"
+    victim.login()
+    victim.spawn_with(form_defaults(victim.form()))
+    nb = HubUser(hub.url, user, hub.password)
+    nb.login()
+    kernel = nb.open_kernel("attacks.ipynb")
+    victim_kernel = None
+    sfx = uuid.uuid4().hex[:5]
+    jobs = {
+        "suspended": f"atk-suspended-{sfx}",
+        "gpu": f"atk-gpu-{sfx}",
+        "privileged": f"atk-priv-{sfx}",
+        "hostpath": f"atk-hostpath-{sfx}",
+        "hostnetwork": f"atk-hostnet-{sfx}",
+        "quota": f"atk-quota-{sfx}",
+    }
+    try:
+        victim.wait_server(timeout=300)
+        deployed.timings["second user's spawn"] = time.monotonic() - t0
+        # z2jh's own Secret of the hub (proxy token, cookie secret, the hub's keys) is there to be stolen
+        assert real_cluster.get(f"/api/v1/namespaces/{NS}/secrets/hub") is not None
+        (server,) = real_cluster.get(
+            f"/api/v1/namespaces/{ns}/pods?labelSelector=component%3Dsingleuser-server"
+        )["items"]
+        owner = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": server["metadata"]["name"],
+            "uid": server["metadata"]["uid"],
+        }
+        params = real_cluster.get(f"/api/v1/namespaces/{ns}/configmaps/tfdist-policy")["data"]
+        queue, image = params["queue"], deployed.images.notebook
+        hostpath = {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}
+        spec = {
+            "reads": {
+                "hub_secret": f"/api/v1/namespaces/{NS}/secrets/hub",
+                "hub_secrets": f"/api/v1/namespaces/{NS}/secrets",
+                "hub_pods": f"/api/v1/namespaces/{NS}/pods",
+                "victim_pods": f"/api/v1/namespaces/{vns}/pods",
+                "victim_secrets": f"/api/v1/namespaces/{vns}/secrets",
+                "own_secrets": f"/api/v1/namespaces/{ns}/secrets",
+            },
+            "pods": f"/api/v1/namespaces/{ns}/pods",
+            "pod": {
+                "metadata": {"name": f"atk-pod-{sfx}"},
+                "spec": {"containers": [{"name": "c", "image": image}], **hostpath},
+            },
+            "jobs_path": f"/apis/batch/v1/namespaces/{ns}/jobs",
+            "suspended": jobs["suspended"],
+            "jobs": {
+                "suspended": attack_job(jobs["suspended"], image, owner, queue),
+                "gpu": attack_job(
+                    jobs["gpu"], image, owner, queue, resources={"limits": {"nvidia.com/gpu": 1}}
+                ),
+                "privileged": attack_job(
+                    jobs["privileged"],
+                    image,
+                    owner,
+                    queue,
+                    securityContext={k: v for k, v in RESTRICTED.items() if k != "allowPrivilegeEscalation"}
+                    | {"privileged": True},
+                ),
+                "hostpath": attack_job(
+                    jobs["hostpath"],
+                    image,
+                    owner,
+                    queue,
+                    pod=hostpath,
+                    volumeMounts=[{"name": "h", "mountPath": "/h"}],
+                ),
+                "hostnetwork": attack_job(
+                    jobs["hostnetwork"], image, owner, queue, pod={"hostNetwork": True}
+                ),
+                "quota": attack_job(
+                    jobs["quota"], image, owner, queue, resources={"limits": {"ephemeral-storage": "200Gi"}}
+                ),
+            },
+            "services_path": f"/api/v1/namespaces/{ns}/services",
+            "services": {
+                "service": service(f"atk-svc-{sfx}"),
+                "service_external_ips": service(
+                    f"atk-ext-{sfx}", externalIPs=[real_cluster.state["node_ip"]]
+                ),
+            },
+        }
+        spec["jobs"]["suspended"]["spec"]["suspend"] = True
+        res = kernel.execute(f"SPEC = {json.dumps(spec)!r}\n{API_CLIENT}\n{ATTACKS}", timeout=120)
+        got = kernel_json(res, "ATTACKS")
+        status = {k: v[0] for k, v in got.items()}
+        assert status == {
+            **dict.fromkeys(spec["reads"], 403),
+            "pod": 403,
+            "suspended": 201,  # the control: a Job as %%tfdist makes one is admitted
+            "gpu": 403,
+            **dict.fromkeys(
+                ("privileged", "hostpath", "hostnetwork", "quota"), 201
+            ),  # refused at pod creation
+            "service": 201,  # the control: a Service as a job makes one
+            "service_external_ips": 403,
+            "update": 403,
+        }, got
+        print(f"\nz2jh tenancy attacks: {json.dumps(got)}")
+        msg = {k: v[1] for k, v in got.items()}
+        assert 'cannot create resource "pods"' in msg["pod"], msg["pod"]
+        assert "tfdist-user-placement" in msg["gpu"] and "your profile allows no GPUs" in msg["gpu"], msg[
+            "gpu"
+        ]
+        # the cluster's DenyServiceExternalIPs refuses it first here; the admission policy where that is off
+        ext = msg["service_external_ips"]
+        assert DENIED in ext or "only ClusterIP or headless Services" in ext, ext
+        # admission on UPDATE: a template Kubernetes lets a suspended Job change, the policy does not
+        assert "tfdist-user-placement" in msg["update"], msg["update"]
+        live = real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{jobs['suspended']}")
+        assert not live["spec"]["template"]["spec"].get("tolerations"), live["spec"]["template"]["spec"]
+        # the Jobs Pod Security and the quota must stop: created, their pods never
+        refused = ("privileged", "hostpath", "hostnetwork", "quota")
+        names = [jobs[k] for k in refused]
+        _wait(
+            "the Job controller's refusals",
+            lambda: len(failed_creates(real_cluster, ns, names)) == len(names),
+            timeout=60,
+        )
+        why = failed_creates(real_cluster, ns, names)
+        expected = {
+            "privileged": ('violates PodSecurity "restricted:latest"', "securityContext.privileged=true"),
+            "hostpath": ('violates PodSecurity "restricted:latest"', "hostPath"),
+            "hostnetwork": ('violates PodSecurity "restricted:latest"', "hostNetwork=true"),
+            "quota": ("exceeded quota: tfdist-quota", "limits.ephemeral-storage=200Gi"),
+        }
+        for k, parts in expected.items():
+            assert all(p in why[jobs[k]] for p in parts), (k, why[jobs[k]])
+        pods = real_cluster.get(f"/api/v1/namespaces/{ns}/pods")["items"]
+        made = [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith("atk-")]
+        assert not made, made
+
+        # the form, the hub's side of the quota: a profile of another group, GPUs, CPUs past the profile's
+        # maximum, an image off its list; each refused with its sentence and no second server's pod
+        fields = form_defaults(nb.form("greedy"))
+        for changed, says in [
+            ({"profile": "gpu"}, "is not available to you"),
+            ({"gpus": "1"}, "offers no GPUs"),
+            ({"cpu": "64"}, "CPU must be between"),
+            ({"image": "docker.io/library/python:3"}, "is not on the list"),
+        ]:
+            code, text = spawn_refusal(nb, "greedy", fields, **changed)
+            assert code == 400 and says in text, (changed, code, text)
+        servers = "pods?labelSelector=component%3Dsingleuser-server"
+        assert len(real_cluster.get(f"/api/v1/namespaces/{ns}/{servers}")["items"]) == 1
+
+        # the network: the second user's server and a port its kernel opened, the hub's and proxy's others
+        victim_kernel = victim.open_kernel("listen.ipynb")
+        res = victim_kernel.execute(LISTENER, timeout=60)
+        assert res.error is None, res.error
+        _, vip, vport, greeting = next(
+            ln for ln in res.stdout.splitlines() if ln.startswith("LISTEN ")
+        ).split()
+        (vpod,) = real_cluster.get(f"/api/v1/namespaces/{vns}/{servers}")["items"]
+        assert greeting == "victim" and vip == vpod["status"]["podIP"], (res.stdout, vpod["status"])
+        core = {
+            p["metadata"]["labels"].get("component"): p["status"].get("podIP")
+            for p in real_cluster.get(f"/api/v1/namespaces/{NS}/pods")["items"]
+        }
+        targets = {
+            "hub_api": [core["hub"], 8081],  # the server's own hub API: it cannot run without it
+            "proxy_public": [f"proxy-public.{NS}.svc", 80],
+            "hub_gpu_admin": [core["hub"], 10101],  # only the proxy may
+            "proxy_api": [core["proxy"], 8001],  # only the hub may
+            "victim_server": [vip, 8888],
+            "victim_listener": [vip, int(vport)],
+        }
+        res = kernel.execute(f"TARGETS = {json.dumps(targets)!r}\n{NET}", timeout=60)
+        net = kernel_json(res, "NET")
+        reached = {k: v == "CONNECTED" for k, v in net.items()}
+        assert reached == {
+            "hub_api": True,
+            "proxy_public": True,
+            "hub_gpu_admin": False,
+            "proxy_api": False,
+            "victim_server": False,
+            "victim_listener": False,
+        }, net
+        deployed.timings["tenancy attacks"] = time.monotonic() - t0
+    finally:
+        kernel.close()
+        if victim_kernel is not None:
+            victim_kernel.close()
+        for name in jobs.values():
+            with contextlib.suppress(Exception):
+                real_cluster.request(
+                    "DELETE",
+                    f"/apis/batch/v1/namespaces/{ns}/jobs/{name}",
+                    {"propagationPolicy": "Background"},
+                )
+        requests.delete(
+            f"{hub.url}/hub/api/users/{victim.name}/server",
+            headers={"Authorization": f"token {victim.api_token()}"},
+            timeout=60,
+        )
+    # nothing of the attacks stays to be counted by the uninstall test, and the second server frees its core
+    _wait(
+        "the attack jobs gone",
+        lambda: (
+            not [
+                j
+                for j in real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
+                if j["metadata"]["name"].startswith("atk-")
+            ]
+        ),
+        timeout=60,
+    )
+    _wait(
+        "the second user's server gone",
+        lambda: not real_cluster.get(f"/api/v1/namespaces/{vns}/pods")["items"],
+        120,
+    )
 
 
 def test_gpu_page_answers_the_admin_and_refuses_a_user(deployed: Deployed) -> None:
