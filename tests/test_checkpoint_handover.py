@@ -229,6 +229,7 @@ def test_the_kernel_keeps_the_newest_checkpoint_and_hands_it_back_once_resubmitt
             # preempted: the kept checkpoint becomes the hand-back, which the new run's delivery sends
             assert checkpoints.prepare_resume(kept) == ck.Resume(epoch=2, step=60)
             assert not os.path.exists(kept)
+            assert checkpoints.prepare_resume(kept) == ck.Resume(epoch=2, step=60)  # preempted again
             import shutil
 
             shutil.rmtree(ckpt)

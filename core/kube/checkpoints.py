@@ -64,11 +64,13 @@ def info(path: str) -> ck.CheckpointInfo | None:
 
 
 def prepare_resume(kept: str) -> ck.Resume | None:
-    """Before the preempted job is submitted again: its kept checkpoint becomes the one handed back."""
+    """Before the preempted job is submitted again: its kept checkpoint becomes the one handed back (or
+    stays it: a run preempted again before its coordinator got it)."""
     got = info(kept)
-    if got is None:
+    if got is not None:
+        os.replace(kept, resume_path(kept))
+    elif (got := info(resume_path(kept))) is None:
         return None
-    os.replace(kept, resume_path(kept))
     return ck.Resume(epoch=got.epoch, step=got.step)
 
 
