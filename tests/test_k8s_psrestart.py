@@ -58,7 +58,7 @@ def test_without_checkpoints_a_ps_loss_still_ends_the_job():
     assert psrecovery.ENV_EVERY not in env_of(mf.root_job(s, None))
     failed = pod("ps", "Failed", annotations=None)
     assert st.pod_task_state(failed) == ("failed", "Error")
-    assert st.outcome({"chief-0": ("running", ""), "ps-0": ("failed", "Error")})["state"] == "failed"
+    assert st.outcome({"chief-0": ("running", ""), "ps-0": ("failed", "Error")}).state == "failed"
 
 
 def pod(role: str, phase: str, annotations: dict | None) -> dict:
@@ -74,11 +74,11 @@ def test_a_failed_ps_pod_of_a_checkpointing_job_is_being_replaced_not_the_end():
     assert state[0] == "restarting" and "being replaced" in state[1]
     tasks: st.TaskStates = {"chief-0": ("running", "")}
     events = st.task_events([failed], tasks)
-    assert events[0]["state"] == "restarting"
+    assert events[0].state == "restarting"
     assert st.outcome(tasks) is None
     # the coordinator pod is the judge: once it fails (PS out of restarts), the job has failed
     tasks["chief-0"] = ("failed", "Error")
-    assert st.outcome(tasks)["state"] == "failed"
+    assert st.outcome(tasks).state == "failed"
 
 
 class FakePs:
