@@ -38,7 +38,11 @@ class _Summary(_Record):
     backend: str
     state: JobState
     message: str
-    reason: str = Field("", description="why it ended (a Reason value); empty while it runs")
+    reason: str = Field(
+        "",
+        description="why it ended (a Reason value); empty while it runs; `preempted` while it waits to be "
+        "readmitted",
+    )
     created: float
     ended: float | None
     tasks_started: int
