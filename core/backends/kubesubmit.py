@@ -2,8 +2,10 @@
 
 Why a module of its own: everything before the job runs is one question, "may it start, and did all of it
 start?". A job its Kueue queue can never hold, or that the namespace's quota cannot admit now, is refused
-before anything is created; the root Job is created suspended, so a refusal half-way (or an interrupted
-cell) rolls back and leaves no pod. A detached job returns only once its pods hold the cell.
+before anything is created; every Job is created suspended, so a refusal half-way (or an interrupted
+cell) rolls back and leaves no pod. The checks run together, the objects are created together and the Jobs
+resumed together: three round trips after the checks, whatever the job's size, and no pod starts before the
+objects it needs (its token Secret) exist. A detached job returns only once its pods hold the cell.
 `KubernetesBackend` mixes it in; it needs the backend's state, `_deliver`, `_lifeline`, `_remember`,
 `stop` and `retention`.
 """
@@ -15,7 +17,8 @@ import contextlib
 import dataclasses
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import BackendUnavailable, JobSpecError, TfdistError
 from ..job import detach as dt
@@ -33,6 +36,7 @@ from .kubework import KubeJob
 
 # a job refused for quota that this user's ending jobs still hold waits this long for them to let go
 QUOTA_RELEASE_WAIT_S = 90.0
+T = TypeVar("T")
 
 
 class KubeSubmit:
@@ -72,16 +76,6 @@ class KubeSubmit:
             )
         self.namespace = spec.namespace or self.namespace
         detach = spec.detach
-        try:
-            if await self._root(spec.name) is not None:
-                raise JobSpecError(
-                    f"a job named {spec.name!r} already exists in namespace {spec.namespace!r}: "
-                    f"pick another --name or `%tfdist stop {spec.name}`"
-                )
-        except TfdistError:
-            raise
-        except Exception as exc:
-            raise translate(exc, "Job", spec.name, spec.namespace or "") from None
         token = secrets.token_urlsafe(32)
         retention = self.retention().seconds  # the rule it was started under (tfdist.job.detach)
         # all-reduce (tfdist.kube.allreduce): chief-0 is a replica too (GPUs, placement), no PS Job
@@ -106,19 +100,22 @@ class KubeSubmit:
         # every pod of the job mounts the profile's data volumes where the notebook has them
         data = self.settings.data_volumes
         mf.with_data_volumes(root, data)
-        # a job its queue can never hold is refused at once, before the namespace's quota may wait for
-        # this user's ending jobs to let go
-        await self._check_queue(spec, build, root)
-        await self._check_quota(spec)
+        # The checks read and create nothing, so they run together; the first refusal cancels the others.
+        # A job its queue can never hold is refused at once, not after the namespace's quota waited for
+        # this user's ending jobs to let go.
+        await first_refusal(
+            self._check_name(spec), self._check_queue(spec, build, root), self._check_quota(spec)
+        )
         created: list[dict[str, Any]] = []
         # All or nothing, also when the cell is interrupted half-way (CancelledError): the clean-up is
-        # shielded from the cancellation that triggered it. The root is suspended until the end: no pod
-        # of a job that is refused half-way ever exists.
+        # shielded from the cancellation that triggered it. Every Job is created suspended and all of them
+        # are resumed together at the end: no pod of a job that is refused half-way ever exists, and no
+        # pod waits for another object of its job to be created after it.
         try:
             root = await self._create_translated(root, spec)
             created.append(root)
             owner = mf.root_reference(spec, root["metadata"]["uid"])
-            for obj in build.job_objects(
+            objects = build.job_objects(
                 spec,
                 token=token,
                 root=owner,
@@ -127,15 +124,14 @@ class KubeSubmit:
                 tolerations=self.tolerations,
                 gpu_resource=self.gpu_resource,
                 queue=self.settings.kueue_queue,
-            ):
-                created.append(await self._create_translated(mf.with_data_volumes(obj, data), spec))
-            root["spec"]["suspend"] = False
-            try:
-                root = await self._replace_root(root)
-            except TfdistError:
-                raise
-            except Exception as exc:
-                raise translate(exc, "Job", spec.name, spec.namespace or "") from None
+            )
+            for obj in objects:
+                mf.with_data_volumes(obj, data)
+                if obj["kind"] == "Job":
+                    obj["spec"]["suspend"] = True
+            await self._create_all(objects, spec, created)
+            resumed = await self._resume_all([o for o in created if o["kind"] == "Job"], spec)
+            root = resumed[0]
         except BaseException:
             await asyncio.shield(self._rollback(created))
             raise
@@ -178,16 +174,66 @@ class KubeSubmit:
             await asyncio.shield(self.stop(name))
             raise err
 
+    async def _check_name(self, spec: JobSpec) -> None:
+        try:
+            exists = await self._root(spec.name) is not None
+        except Exception as exc:
+            raise translate(exc, "Job", spec.name, spec.namespace or "") from None
+        if exists:
+            raise JobSpecError(
+                f"a job named {spec.name!r} already exists in namespace {spec.namespace!r}: "
+                f"pick another --name or `%tfdist stop {spec.name}`"
+            )
+
     async def _create_translated(self, obj: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
         try:
             return await self.kube.create(obj)
         except Exception as exc:
             raise translate(exc, obj["kind"], obj["metadata"]["name"], spec.namespace or "") from None
 
+    async def _create_all(
+        self, objects: list[dict[str, Any]], spec: JobSpec, created: list[dict[str, Any]]
+    ) -> None:
+        """Create `objects` at once (one round trip, not one each). Every answer is awaited before a
+        refusal is raised, so that `created` holds everything the rollback must delete."""
+
+        async def create(obj: dict[str, Any]) -> None:
+            created.append(await self._create_translated(obj, spec))
+
+        await all_then_first_error([create(o) for o in objects])
+
+    async def _resume_all(self, jobs: list[dict[str, Any]], spec: JobSpec) -> list[dict[str, Any]]:
+        """Unsuspend every Job of the job at once (the root first in `jobs`, and in the answer).
+
+        Unconditionally (no resourceVersion): the Job controller writes its Suspended condition into the
+        status of each Job just created, so the version the create returned is always stale, and a
+        conditional update cost a conflict, a read and a second update per Job. Nothing else writes a
+        Job's spec between its creation and this (the status is not written through this update)."""
+
+        async def resume(job: dict[str, Any]) -> dict[str, Any]:
+            meta = {k: v for k, v in job["metadata"].items() if k != "resourceVersion"}
+            try:
+                return await self._replace_root(
+                    {**job, "metadata": meta, "spec": {**job["spec"], "suspend": False}}
+                )
+            except TfdistError:
+                raise
+            except Exception as exc:
+                raise translate(exc, "Job", job["metadata"]["name"], spec.namespace or "") from None
+
+        return await all_then_first_error([resume(j) for j in jobs])
+
     async def _rollback(self, created: list[dict[str, Any]]) -> None:
-        for obj in reversed(created):
+        """Delete what was created: the root's children first, then the root (whose garbage collection
+        would take them too, but later)."""
+
+        async def delete(obj: dict[str, Any]) -> None:
             with contextlib.suppress(Exception):
                 await self.kube.delete(obj["kind"], obj["metadata"]["name"], obj["metadata"]["namespace"])
+
+        await asyncio.gather(*(delete(o) for o in created[1:]))
+        if created:
+            await delete(created[0])
 
     async def _replace_root(self, root: dict[str, Any]) -> dict[str, Any]:
         return await self.kube.replace_job(root, keep=("suspend", "activeDeadlineSeconds"))
@@ -249,3 +295,25 @@ class KubeSubmit:
         if self.settings.pod_name and self.settings.pod_uid:
             return mf.owner_reference(self.settings.pod_name, self.settings.pod_uid)
         return None
+
+
+async def first_refusal(*checks: Coroutine[Any, Any, None]) -> None:
+    """Run `checks` together; the first to raise cancels the others (a quota wait, say) and is raised."""
+    tasks = [asyncio.ensure_future(c) for c in checks]
+    try:
+        for done in asyncio.as_completed(tasks):
+            await done
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def all_then_first_error(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Await every call, in parallel; then raise the first failure (in `calls`' order), or return the
+    answers in that order. Unlike a bare gather, nothing is still in flight when the caller rolls back."""
+    got = await asyncio.gather(*calls, return_exceptions=True)
+    for r in got:
+        if isinstance(r, BaseException):
+            raise r
+    return list(got)  # type: ignore[arg-type]
