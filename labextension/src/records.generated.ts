@@ -107,7 +107,7 @@ export interface JobSummary {
    */
   queue?: QueueInfo | null;
   /**
-   * why it ended (a Reason value); empty while it runs
+   * why it ended (a Reason value); empty while it runs; `preempted` while it waits to be readmitted
    */
   reason?: string;
   /**
