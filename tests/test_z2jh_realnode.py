@@ -41,6 +41,7 @@ from tests.hub_user import HubUser, form_defaults
 from tests.realnode_fixtures import RESTRICTED, realnode_cli
 from tests.realnode_jobs import EXAMPLE_CHECK, PodWatcher, all_job_objects, code_cells, job_pods, running
 from tests.test_cluster_hardening import DENIED
+from tfdist.kube import manifests as mf
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.timeout(2400)]
 
@@ -61,21 +62,26 @@ TENANT_KINDS = {
 DETACHED = "keep"  # the job test 1 leaves running for the uninstall test
 
 
-# run in the notebook's kernel: what its service account's token may do (the tenancy boundary, from the pod)
-PROBE = """
+# run in a kernel of the user's server: the API as `kubectl` in their terminal sees it (the pod's own token)
+API_CLIENT = """
 import json, ssl, urllib.error, urllib.request
-sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
-ctx = ssl.create_default_context(cafile=sa + "ca.crt")
-token = open(sa + "token").read()
-def status(path):
-    auth = {"Authorization": "Bearer " + token}
-    req = urllib.request.Request("https://kubernetes.default.svc" + path, headers=auth)
+_sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+_ctx = ssl.create_default_context(cafile=_sa + "ca.crt")
+_token = open(_sa + "token").read()
+def call(method, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Authorization": "Bearer " + _token, "Content-Type": "application/json"}
+    req = urllib.request.Request("https://kubernetes.default.svc" + path, data, headers, method=method)
     try:
-        return urllib.request.urlopen(req, context=ctx, timeout=20).status
+        with urllib.request.urlopen(req, context=_ctx, timeout=20) as r:
+            return r.status, "", json.load(r)
     except urllib.error.HTTPError as e:
-        return e.code
-print("PROBE " + json.dumps({p: status(p) for p in PATHS}))
+        doc = json.loads(e.read() or b"{}")
+        return e.code, doc.get("message", ""), doc
 """
+
+# test 1: what the notebook's token may read (the tenancy boundary, from the pod)
+PROBE = API_CLIENT + 'print("PROBE " + json.dumps({p: call("GET", p)[0] for p in PATHS}))\n'
 
 
 @dataclass
@@ -253,24 +259,6 @@ def detached_running(real_cluster, ns: str) -> list[dict]:
     return running(job_pods(real_cluster, ns, DETACHED))
 
 
-# run in a kernel of the user's server: the API as `kubectl` in their terminal sees it (the pod's own token)
-API_CLIENT = """
-import json, ssl, urllib.error, urllib.request
-_sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
-_ctx = ssl.create_default_context(cafile=_sa + "ca.crt")
-_token = open(_sa + "token").read()
-def call(method, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Authorization": "Bearer " + _token, "Content-Type": "application/json"}
-    req = urllib.request.Request("https://kubernetes.default.svc" + path, data, headers, method=method)
-    try:
-        with urllib.request.urlopen(req, context=_ctx, timeout=20) as r:
-            return r.status, "", json.load(r)
-    except urllib.error.HTTPError as e:
-        doc = json.loads(e.read() or b"{}")
-        return e.code, doc.get("message", ""), doc
-"""
-
 # the attacks, in order: reads, a pod, Jobs, Services owned by the suspended Job, then that Job's template
 ATTACKS = """
 S = json.loads(SPEC)
@@ -284,12 +272,16 @@ owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": 
 for name, svc in S["services"].items():
     svc["metadata"]["ownerReferences"] = owner
     out[name] = call("POST", S["services_path"], svc)[:2]
-for _ in range(5):  # the Job controller writes the suspended Job's status meanwhile (409: read it again)
-    _, _, job = call("GET", S["jobs_path"] + "/" + S["suspended"])
-    job["spec"]["template"]["spec"]["tolerations"] = [{"operator": "Exists"}]
-    out["update"] = call("PUT", S["jobs_path"] + "/" + S["suspended"], job)[:2]
-    if out["update"][0] != 409:
-        break
+def update(change):
+    for _ in range(5):  # the Job controller writes the suspended Job's status meanwhile (409: read it again)
+        _, _, job = call("GET", S["jobs_path"] + "/" + S["suspended"])
+        change(job["spec"]["template"])
+        got = call("PUT", S["jobs_path"] + "/" + S["suspended"], job)[:2]
+        if got[0] != 409:
+            return got
+    return got
+out["update"] = update(lambda t: t["spec"].update(tolerations=[{"operator": "Exists"}]))
+out["update_labels"] = update(lambda t: t["metadata"].setdefault("labels", {}).update(S["forged_labels"]))
 print("ATTACKS " + json.dumps(out))
 """
 
@@ -476,11 +468,15 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
                 "service_external_ips": service(
                     f"atk-ext-{sfx}", externalIPs=[real_cluster.state["node_ip"]]
                 ),
+                "service_nodeport": service(f"atk-np-{sfx}", type="NodePort"),
             },
+            # what the backend trusts to find a job's coordinator (test_k8s_tenancy's forged chief)
+            "forged_labels": {mf.L_ROLE: "chief"},
         }
         spec["jobs"]["suspended"]["spec"]["suspend"] = True
         res = kernel.execute(f"SPEC = {json.dumps(spec)!r}\n{API_CLIENT}\n{ATTACKS}", timeout=120)
         got = kernel_json(res, "ATTACKS")
+        print(f"\nz2jh tenancy attacks: {json.dumps(got)}")
         status = {k: v[0] for k, v in got.items()}
         assert status == {
             **dict.fromkeys(spec["reads"], 403),
@@ -492,9 +488,10 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
             ),  # refused at pod creation
             "service": 201,  # the control: a Service as a job makes one
             "service_external_ips": 403,
+            "service_nodeport": 403,
             "update": 403,
+            "update_labels": 403,
         }, got
-        print(f"\nz2jh tenancy attacks: {json.dumps(got)}")
         msg = {k: v[1] for k, v in got.items()}
         assert 'cannot create resource "pods"' in msg["pod"], msg["pod"]
         assert "tfdist-user-placement" in msg["gpu"] and "your profile allows no GPUs" in msg["gpu"], msg[
@@ -503,10 +500,15 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
         # the cluster's DenyServiceExternalIPs refuses it first here; the admission policy where that is off
         ext = msg["service_external_ips"]
         assert DENIED in ext or "only ClusterIP or headless Services" in ext, ext
-        # admission on UPDATE: a template Kubernetes lets a suspended Job change, the policy does not
-        assert "tfdist-user-placement" in msg["update"], msg["update"]
-        live = real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{jobs['suspended']}")
-        assert not live["spec"]["template"]["spec"].get("tolerations"), live["spec"]["template"]["spec"]
+        # the admission policy alone (Kubernetes makes NodePort Services for anyone who may create Services)
+        assert "only ClusterIP or headless Services" in msg["service_nodeport"], msg["service_nodeport"]
+        # admission on UPDATE: what Kubernetes lets a suspended Job's template change (tolerations, labels;
+        # tried without the policy), the policy does not: a forbidden toleration, a label the backend trusts
+        assert "tfdist-user-placement" in msg["update"] and "|Exists||" in msg["update"], msg["update"]
+        assert "cannot change after it is created" in msg["update_labels"], msg["update_labels"]
+        live = real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{jobs['suspended']}")["spec"]
+        live = live["template"]
+        assert not live["spec"].get("tolerations") and mf.L_ROLE not in live["metadata"]["labels"], live
         # the Jobs Pod Security and the quota must stop: created, their pods never
         refused = ("privileged", "hostpath", "hostnetwork", "quota")
         names = [jobs[k] for k in refused]
