@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import runrecord
 from tests.kernels import Kernel, job_processes, product_kernel_env
 from tests.unitguard import (  # the unit run's hooks: registered by being names of this conftest
     UNIT_MODULES,
@@ -101,13 +102,19 @@ _failed: set[str] = set()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    runrecord.pytest_runtest_logreport(report)
     nodeid = re.sub(r"@[\w.]+$", "", report.nodeid)  # xdist's loadgroup adds "@<group>"
     _timed[nodeid] = _timed.get(nodeid, 0.0) + report.duration
     if report.failed:
         _failed.add(nodeid)
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionstart(session: pytest.Session) -> None:
+    runrecord.pytest_sessionstart(session)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    runrecord.write(session, exitstatus)
     if hasattr(session.config, "workerinput") or not _timed:  # the controller (or a serial run) writes it
         return
     # a test that failed or errored keeps its last good time: a cluster that did not come up ends its
