@@ -41,7 +41,7 @@ from tests.hub_user import HubUser, form_defaults
 from tests.realnode_fixtures import RESTRICTED, realnode_cli
 from tests.realnode_jobs import EXAMPLE_CHECK, PodWatcher, all_job_objects, code_cells, job_pods, running
 from tests.test_cluster_hardening import DENIED
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode, pytest.mark.timeout(2400)]
 
@@ -321,6 +321,17 @@ ts = [threading.Thread(target=lambda k=k, t=t: out.__setitem__(k, connect(*t))) 
 print("NET " + json.dumps(out))
 """
 
+# from the user's server pod, through proxy-public with the server's own hub token: its own server and the
+# second user's (the proxy routes anyone; the server must refuse another user's token)
+VIA_PROXY = """
+import http.client, json, os
+def status(path):
+    c = http.client.HTTPConnection(PROXY, timeout=20)
+    c.request("GET", path, headers={"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"]})
+    return c.getresponse().status
+print("PROXY " + json.dumps({k: status(path) for k, path in PATHS.items()}))
+"""
+
 
 def attack_job(name: str, image: str, owner: dict, queue: str, pod: dict | None = None, **container) -> dict:
     """A batch Job the user's Role may create, owned by their server's pod (the admission policy asks for
@@ -362,6 +373,14 @@ def failed_creates(real_cluster, ns: str, jobs: list[str]) -> dict[str, str]:
         if e["involvedObject"]["kind"] == "Job" and name in jobs:
             out.setdefault(name, e["message"])
     return out
+
+
+def attack_objects(real_cluster, ns: str) -> list[str]:
+    """The attack test's Jobs and Services (atk-*) still in the user's namespace."""
+    out = []
+    for path in (f"/apis/batch/v1/namespaces/{ns}/jobs", f"/api/v1/namespaces/{ns}/services"):
+        out += [o["metadata"]["name"] for o in real_cluster.get(path)["items"]]
+    return [name for name in out if name.startswith("atk-")]
 
 
 def spawn_refusal(hu: HubUser, server: str, fields: list[tuple[str, str]], **changed: str) -> tuple[int, str]:
@@ -471,7 +490,7 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
                 "service_nodeport": service(f"atk-np-{sfx}", type="NodePort"),
             },
             # what the backend trusts to find a job's coordinator (test_k8s_tenancy's forged chief)
-            "forged_labels": {mf.L_ROLE: "chief"},
+            "forged_labels": {kn.L_ROLE: "chief"},
         }
         spec["jobs"]["suspended"]["spec"]["suspend"] = True
         res = kernel.execute(f"SPEC = {json.dumps(spec)!r}\n{API_CLIENT}\n{ATTACKS}", timeout=120)
@@ -508,7 +527,7 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
         assert "cannot change after it is created" in msg["update_labels"], msg["update_labels"]
         live = real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{jobs['suspended']}")["spec"]
         live = live["template"]
-        assert not live["spec"].get("tolerations") and mf.L_ROLE not in live["metadata"]["labels"], live
+        assert not live["spec"].get("tolerations") and kn.L_ROLE not in live["metadata"]["labels"], live
         # the Jobs Pod Security and the quota must stop: created, their pods never
         refused = ("privileged", "hostpath", "hostnetwork", "quota")
         names = [jobs[k] for k in refused]
@@ -576,6 +595,10 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
             "victim_server": False,
             "victim_listener": False,
         }, net
+        paths = {"own": f"/user/{user}/api/status", "victim": f"/user/{victim.name}/api/status"}
+        code = f"PROXY = 'proxy-public.{NS}.svc'\nPATHS = {json.dumps(paths)}\n{VIA_PROXY}"
+        via = kernel_json(kernel.execute(code, timeout=60), "PROXY")
+        assert via == {"own": 200, "victim": 403}, via
         deployed.timings["tenancy attacks"] = time.monotonic() - t0
     finally:
         kernel.close()
@@ -594,17 +617,7 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
             timeout=60,
         )
     # nothing of the attacks stays to be counted by the uninstall test, and the second server frees its core
-    _wait(
-        "the attack jobs gone",
-        lambda: (
-            not [
-                j
-                for j in real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
-                if j["metadata"]["name"].startswith("atk-")
-            ]
-        ),
-        timeout=60,
-    )
+    _wait("the attack jobs and their Services gone", lambda: not attack_objects(real_cluster, ns), timeout=60)
     _wait(
         "the second user's server gone",
         lambda: not real_cluster.get(f"/api/v1/namespaces/{vns}/pods")["items"],
