@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import requests
@@ -37,7 +38,7 @@ import yaml
 
 from tests import realnode, realnode_z2jh
 from tests.hub_fixtures import error_text
-from tests.hub_user import HubUser, form_defaults
+from tests.hub_user import CellResult, HubUser, form_defaults
 from tests.realnode_fixtures import RESTRICTED, realnode_cli
 from tests.realnode_jobs import EXAMPLE_CHECK, PodWatcher, all_job_objects, code_cells, job_pods, running
 from tests.test_cluster_hardening import DENIED
@@ -333,7 +334,9 @@ print("PROXY " + json.dumps({k: status(path) for k, path in PATHS.items()}))
 """
 
 
-def attack_job(name: str, image: str, owner: dict, queue: str, pod: dict | None = None, **container) -> dict:
+def attack_job(
+    name: str, image: str, owner: dict, queue: str, pod: dict | None = None, **container: Any
+) -> dict:
     """A batch Job the user's Role may create, owned by their server's pod (the admission policy asks for
     that) and otherwise what Pod Security "restricted" admits: `pod` and `container` add the attack."""
     labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
@@ -353,11 +356,11 @@ def attack_job(name: str, image: str, owner: dict, queue: str, pod: dict | None 
     }
 
 
-def service(name: str, **spec) -> dict:
+def service(name: str, **spec: Any) -> dict:
     return {"metadata": {"name": name}, "spec": {"ports": [{"port": 8080}], **spec}}
 
 
-def kernel_json(res, prefix: str) -> dict:
+def kernel_json(res: CellResult, prefix: str) -> dict:
     assert res.error is None, res.error
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith(prefix + " ")), None)
     assert line, res.stdout[-2000:]
