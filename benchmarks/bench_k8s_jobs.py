@@ -195,11 +195,11 @@ def _private_agent_port() -> None:
     agent port nothing serves (as the tests do)."""
     import socket
 
-    from tfdist.kube import manifests as mf
+    from tfdist.kube import names as kn
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        mf.AGENT_PORT = s.getsockname()[1]
+        kn.AGENT_PORT = s.getsockname()[1]
 
 
 def main() -> None:

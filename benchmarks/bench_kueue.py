@@ -150,7 +150,7 @@ class PodTimes:
     async def _follow(self, ns: str) -> None:
         from kubernetes_asyncio import client, watch
 
-        from tfdist.kube import manifests as mf
+        from tfdist.kube import names as kn
 
         v1 = client.CoreV1Api(self._api)
         while True:
@@ -158,7 +158,7 @@ class PodTimes:
             try:
                 async for ev in w.stream(v1.list_namespaced_pod, ns, timeout_seconds=300):
                     pod = ev["object"]
-                    job = (pod.metadata.labels or {}).get(mf.L_JOB)
+                    job = (pod.metadata.labels or {}).get(kn.L_JOB)
                     if job and pod.spec.node_name:
                         self.bound.setdefault((ns, job), {}).setdefault(pod.metadata.name, time.monotonic())
             except asyncio.CancelledError:

@@ -16,7 +16,8 @@ from typing import Any
 
 from tfdist import datamounts, settings
 from tfdist.kube import preemption
-from tfdist.kube.manifests import data_volume_parts, notebook_pod_labels
+from tfdist.kube.datavolumes import data_volume_parts
+from tfdist.kube.names import notebook_pod_labels
 from tfdist.kube.queueing import L_QUEUE
 
 from .profiles import Profile, ProfilesConfig

@@ -109,11 +109,11 @@ def start_notebook_pod(cluster: Any, tenant: Tenant, name: str = "notebook", for
     """A stand-in for the user's notebook pod: labelled as the spawner labels it, it owns the user's jobs
     (TFDIST_POD_NAME/UID) and the probes run inside it (kubectl exec). `forged`: also carry that user's
     notebook label (what another user could put on their own pod)."""
-    from tfdist.kube import manifests as mf
+    from tfdist.kube import names as kn
 
-    labels = {**mf.notebook_pod_labels(tenant.user), "component": "singleuser-server"}
+    labels = {**kn.notebook_pod_labels(tenant.user), "component": "singleuser-server"}
     if forged:
-        labels.update(mf.notebook_pod_labels(forged))
+        labels.update(kn.notebook_pod_labels(forged))
     cluster.pod(
         tenant.namespace,
         name,
@@ -134,11 +134,11 @@ def drop_tenant(cluster: Any, tenant: Tenant) -> None:
 
 def left(cluster: Any, ns: str, job: str) -> list[str]:
     """Every object of `job` still in `ns` (being deleted counts as left)."""
-    from tfdist.kube import manifests as mf
+    from tfdist.kube import names as kn
 
     out = []
     for kind, path in JOB_KINDS.items():
-        body = cluster.get(path.format(ns=ns) + f"?labelSelector={mf.L_JOB}%3D{job}") or {"items": []}
+        body = cluster.get(path.format(ns=ns) + f"?labelSelector={kn.L_JOB}%3D{job}") or {"items": []}
         out += [f"{kind}/{o['metadata']['name']}" for o in body["items"]]
     return out
 
@@ -156,9 +156,9 @@ def wait_gone(cluster: Any, ns: str, job: str, timeout: float) -> float:
 
 
 def job_pods(cluster: Any, ns: str, job: str, role: str | None = None) -> list[dict]:
-    from tfdist.kube import manifests as mf
+    from tfdist.kube import names as kn
 
-    sel = f"{mf.L_JOB}%3D{job}" + (f",{mf.L_ROLE}%3D{role}" if role else "")
+    sel = f"{kn.L_JOB}%3D{job}" + (f",{kn.L_ROLE}%3D{role}" if role else "")
     return (cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={sel}") or {"items": []})["items"]
 
 
@@ -448,11 +448,11 @@ def code_cells(nb: dict) -> list[str]:
 
 def all_job_objects(cluster: Any, ns: str) -> list[str]:
     """Every %%tfdist job object in `ns`, of any job (being deleted counts)."""
-    from tfdist.kube import manifests as mf
+    from tfdist.kube import names as kn
 
     out = []
     for kind, path in JOB_KINDS.items():
-        body = cluster.get(path.format(ns=ns) + f"?labelSelector={mf.L_JOB}") or {"items": []}
+        body = cluster.get(path.format(ns=ns) + f"?labelSelector={kn.L_JOB}") or {"items": []}
         out += [f"{kind}/{o['metadata']['name']}" for o in body["items"]]
     return out
 
@@ -468,16 +468,16 @@ class PodWatcher:
         self._t.start()
 
     def _run(self) -> None:
-        from tfdist.kube import manifests as mf
+        from tfdist.kube import names as kn
 
         while not self._stop.is_set():
             try:
-                pods = self.cluster.get(f"/api/v1/namespaces/{self.ns}/pods?labelSelector={mf.L_JOB}")
+                pods = self.cluster.get(f"/api/v1/namespaces/{self.ns}/pods?labelSelector={kn.L_JOB}")
             except Exception:  # one failed poll: the next one counts
                 pods = None
             for p in running((pods or {}).get("items", [])):
                 labels = p["metadata"]["labels"]
-                self.seen.add((labels[mf.L_JOB], labels.get(mf.L_ROLE), p["spec"].get("nodeName")))
+                self.seen.add((labels[kn.L_JOB], labels.get(kn.L_ROLE), p["spec"].get("nodeName")))
             self._stop.wait(0.5)
 
     def stop(self) -> set[tuple[str, str | None, str | None]]:

@@ -20,6 +20,7 @@ from tfdist.datamounts import DataMount, DataPathMissing, MissingDataPath, missi
 from tfdist.job.vocab import Strategy
 from tfdist.jobspec import JobSpec
 from tfdist.kube import allreduce, tenancy
+from tfdist.kube import datavolumes as dv
 from tfdist.kube import manifests as mf
 from tfdist.settings import SettingsError, from_environ
 
@@ -172,7 +173,7 @@ def test_every_pod_of_a_job_mounts_them(strategy: str) -> None:
     spec = JobSpec(name="j", workers=2, ps=ps, strategy=Strategy(strategy), image="img", user="u")
     build: Any = allreduce if strategy == "allreduce" else mf
     objs = [build.root_job(spec, None), *build.job_objects(spec, token="t")]
-    objs = [mf.with_data_volumes(o, mounts) for o in objs]
+    objs = [dv.with_data_volumes(o, mounts) for o in objs]
     jobs = [o for o in objs if o["kind"] == "Job"]
     assert len(jobs) == (3 if strategy == "ps" else 2)  # root, workers (, PS)
     for job in jobs:
@@ -189,7 +190,7 @@ def test_every_pod_of_a_job_mounts_them(strategy: str) -> None:
     assert all("volumes" not in json.dumps(o) for o in objs if o["kind"] != "Job")
     # no volumes: the objects as before
     plain = build.root_job(spec, None)
-    assert mf.with_data_volumes(build.root_job(spec, None), ()) == plain
+    assert dv.with_data_volumes(build.root_job(spec, None), ()) == plain
 
 
 # ---------------------------------------------------------------------- the kernel's sentence (the record)

@@ -25,7 +25,7 @@ from tests.test_k8s_spawner import make_spawner, plane_kubeconfig  # noqa: F401
 from tests.test_k8s_tenancy import _api_for_token, _token, cpu_policy, notebook_pod
 from tfdist import settings
 from tfdist.datamounts import DataMount
-from tfdist.kube import manifests as mf
+from tfdist.kube import datavolumes as dv
 from tfdist.kube import tenancy
 from tfdist.kube.apply import prepare_user_namespace
 
@@ -121,7 +121,7 @@ def pvc(name: str, claim: str, read_only: bool | None) -> dict[str, Any]:
 def test_job_pods_mount_the_profiles_claims_and_nothing_else(k8s_plane, dana):
     ns, token = dana
     # what the backend makes (tfdist.kube.datavolumes): admitted
-    job = mf.with_data_volumes(cpu_job(k8s_plane, ns, f"ok-{uuid.uuid4().hex[:6]}"), (IMAGENET, SCRATCH))
+    job = dv.with_data_volumes(cpu_job(k8s_plane, ns, f"ok-{uuid.uuid4().hex[:6]}"), (IMAGENET, SCRATCH))
     for obj in (job["metadata"], job["spec"]["template"]["metadata"]):
         obj["labels"] = {}
     code, body = call(k8s_plane, token, "POST", jobs_path(ns), job)

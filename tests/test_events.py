@@ -340,11 +340,11 @@ def test_records_are_frozen_and_build_checked() -> None:
 def test_pod_derived_events_are_records_whatever_the_cluster_says() -> None:
     """kube.status builds records from pods: a huge status message is cut, a pod naming no task is skipped,
     and every event it yields parses back."""
-    from tfdist.kube import manifests as mf
+    from tfdist.kube import names as kn
     from tfdist.kube import status as st
 
     def pod(role: str, index: str, message: str) -> dict:
-        labels = {mf.L_ROLE: role, mf.L_INDEX: index}
+        labels = {kn.L_ROLE: role, kn.L_INDEX: index}
         return {
             "metadata": {"name": f"p-{role}", "labels": labels},
             "spec": {"nodeName": "n1"},

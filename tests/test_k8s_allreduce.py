@@ -24,7 +24,7 @@ from tests.test_k8s_backend import (
 from tfdist.backends.base import Launch
 from tfdist.errors import JobSpecError
 from tfdist.jobspec import default_ps, validate
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
 __all__ = ["private_agent_port"]  # the fixture, imported for this module's tests
@@ -35,7 +35,7 @@ def ar(name: str, ns: str, **kw):
 
 
 def job_pods(plane, ns: str, job: str) -> list[dict]:
-    return get(plane, f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3D{job}")["items"]
+    return get(plane, f"/api/v1/namespaces/{ns}/pods?labelSelector={kn.L_JOB}%3D{job}")["items"]
 
 
 async def test_allreduce_job_is_a_root_and_a_worker_job_on_gpu_nodes_and_stop_leaves_nothing(
@@ -51,7 +51,7 @@ async def test_allreduce_job_is_a_root_and_a_worker_job_on_gpu_nodes_and_stop_le
         jobs = get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
         assert sorted(j["metadata"]["name"] for j in jobs) == ["ar1", "ar1-worker"]  # no PS Job
         pods = job_pods(k8s_plane, ns, "ar1")
-        assert sorted(p["metadata"]["labels"][mf.L_ROLE] for p in pods) == ["chief", "worker", "worker"]
+        assert sorted(p["metadata"]["labels"][kn.L_ROLE] for p in pods) == ["chief", "worker", "worker"]
         for p in pods:  # every replica, chief-0 included, has its GPU and sits on a GPU node
             (c,) = p["spec"]["containers"]
             assert c["resources"]["limits"]["nvidia.com/gpu"] == "1", p["metadata"]["name"]
@@ -59,7 +59,7 @@ async def test_allreduce_job_is_a_root_and_a_worker_job_on_gpu_nodes_and_stop_le
             assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == H100["nvidia.com/gpu.product"]
             env = {e["name"]: e.get("value") for e in c["env"]}
             assert env["TFDIST_STRATEGY"] == "allreduce" and '"ps"' not in env["TFDIST_CLUSTER"]
-        worker = next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == "worker")
+        worker = next(p for p in pods if p["metadata"]["labels"][kn.L_ROLE] == "worker")
         assert worker["spec"]["containers"][0]["command"][-1] == "allreduce-worker"
         view = await b.status("ar1")
         assert view.state == "running" and view.total_tasks == 3
@@ -80,7 +80,7 @@ async def test_a_failed_allreduce_worker_ends_the_job_and_is_not_replaced(k8s_pl
         await b.submit(ar("ar2", ns, workers=2), b"p", Launch())
         events, task = await follow_until_running(b, "ar2")
         k8s_plane.kubectl(
-            "-n", ns, "label", "pod", "-l", f"{mf.L_JOB}=ar2,{mf.L_ROLE}=worker", "sim.tfdist.io/outcome=fail"
+            "-n", ns, "label", "pod", "-l", f"{kn.L_JOB}=ar2,{kn.L_ROLE}=worker", "sim.tfdist.io/outcome=fail"
         )
         await asyncio.wait_for(task, 60)
         final = events[-1]
@@ -91,7 +91,7 @@ async def test_a_failed_allreduce_worker_ends_the_job_and_is_not_replaced(k8s_pl
         view = await b.status("ar2")
         assert view.state == "failed" and view.reason == "task-failed", (view.state, view.reason)
         workers = [
-            p for p in job_pods(k8s_plane, ns, "ar2") if p["metadata"]["labels"][mf.L_ROLE] == "worker"
+            p for p in job_pods(k8s_plane, ns, "ar2") if p["metadata"]["labels"][kn.L_ROLE] == "worker"
         ]
         assert len(workers) == 1, "the failed worker was replaced"
         await b.stop("ar2")
@@ -153,7 +153,7 @@ def test_the_magic_refuses_bad_allreduce_lines_in_one_sentence_and_creates_nothi
         TFDIST_NAMESPACE=ns,
         TFDIST_USER="ann",
         TFDIST_WORKER_IMAGE="example.org/tfdist-job:1",
-        TFDIST_AGENT_PORT=str(mf.AGENT_PORT),  # the private port: kwok's pod IPs may be real pods' here
+        TFDIST_AGENT_PORT=str(kn.AGENT_PORT),  # the private port: kwok's pod IPs may be real pods' here
     )
     fit = "history = model.fit(train_ds, epochs=1, steps_per_epoch=2)\n"
     k = Kernel(env, cwd=str(tmp_path))

@@ -17,6 +17,7 @@ from tfdist.job.events import Event
 from tfdist.job.restart import WORKER_RESTARTS
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.settings import from_environ
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
@@ -31,7 +32,7 @@ def private_agent_port(monkeypatch):
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        monkeypatch.setattr(mf, "AGENT_PORT", s.getsockname()[1])
+        monkeypatch.setattr(kn, "AGENT_PORT", s.getsockname()[1])
 
 
 def backend(plane, ns: str, **env: str) -> KubernetesBackend:
@@ -95,10 +96,10 @@ def test_manifests_put_gpus_on_workers_only_and_hang_everything_on_one_root():
         cpu=2.0,
         memory_bytes=2**30,
     )
-    nb = mf.owner_reference("jupyter-ann", "uid-1")
+    nb = kn.owner_reference("jupyter-ann", "uid-1")
     root = mf.root_job(s, nb, lifeline_s=60)
     assert root["metadata"]["ownerReferences"] == [nb] and root["metadata"]["name"] == "j1"
-    assert root["metadata"]["labels"][mf.L_ROOT] == "true"
+    assert root["metadata"]["labels"][kn.L_ROOT] == "true"
     assert root["spec"] | {"template": None} == {
         "completions": 1,
         "parallelism": 1,
@@ -109,7 +110,7 @@ def test_manifests_put_gpus_on_workers_only_and_hang_everything_on_one_root():
         "template": None,
     }
     assert "activeDeadlineSeconds" not in mf.root_job(s, nb, lifeline_s=None)["spec"]  # detached
-    owner = mf.root_reference(s, "root-uid")
+    owner = kn.root_reference(s, "root-uid")
     objs = mf.job_objects(
         s, token="t", root=owner, notebook_labels={"hub.jupyter.org/username": "ann"}, node_selector=H100
     )
@@ -137,7 +138,7 @@ def test_manifests_put_gpus_on_workers_only_and_hang_everything_on_one_root():
         assert res["requests"] == {"cpu": "2000m", "memory": str(2**30)}
         env = {e["name"]: e for e in t["spec"]["containers"][0]["env"]}
         assert env["TFDIST_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "j1-token"
-        assert t["metadata"]["labels"][mf.L_ROLE] == role
+        assert t["metadata"]["labels"][kn.L_ROLE] == role
     # Indexed pods are named <job>-<index>: the worker Job's pods get the hostnames TF_CONFIG names
     assert templates["chief"]["spec"]["hostname"] == "j1-chief-0"
     env = {e["name"]: e["value"] for e in templates["worker"]["spec"]["containers"][0]["env"] if "value" in e}
@@ -149,18 +150,18 @@ def test_manifests_put_gpus_on_workers_only_and_hang_everything_on_one_root():
     assert cfg["task"] == {"type": "worker", "index": 1} and pod_env["TFDIST_TASK"] == "worker-1"
     assert cfg["cluster"]["ps"] == ["j1-ps-0.j1.team.svc:2222"]
     assert cfg["cluster"]["worker"][1] == "j1-worker-1.j1.team.svc:2222"
-    assert objs[1]["metadata"]["labels"][mf.L_USER] == mf.user_label("ann@x")
-    assert mf.user_label("ann@x").startswith("ann-x-") and mf.user_label("ann@x") != mf.user_label("ann-x")
+    assert objs[1]["metadata"]["labels"][kn.L_USER] == kn.user_label("ann@x")
+    assert kn.user_label("ann@x").startswith("ann-x-") and kn.user_label("ann@x") != kn.user_label("ann-x")
     tf_rule, agent_rule = objs[3]["spec"]["ingress"]
     assert tf_rule["from"] == [
-        {"podSelector": {"matchLabels": {mf.L_JOB: "j1", mf.L_USER: mf.user_label("ann@x")}}}
+        {"podSelector": {"matchLabels": {kn.L_JOB: "j1", kn.L_USER: kn.user_label("ann@x")}}}
     ]
     assert {"podSelector": {"matchLabels": {"hub.jupyter.org/username": "ann"}}} in agent_rule["from"]
 
 
 def left(plane, ns: str, job: str) -> list[str]:
     """Every object of the job still there (not being deleted)."""
-    sel = f"labelSelector={mf.L_JOB}%3D{job}"
+    sel = f"labelSelector={kn.L_JOB}%3D{job}"
     out = []
     for path in (
         f"/apis/batch/v1/namespaces/{ns}/jobs",
@@ -302,7 +303,7 @@ async def test_failed_worker_pod_is_replaced_and_watch_survives_apiserver_restar
             "label",
             "pod",
             "-l",
-            f"{mf.L_JOB}=faulty,{mf.L_ROLE}=worker,{mf.L_INDEX}=1",
+            f"{kn.L_JOB}=faulty,{kn.L_ROLE}=worker,{kn.L_INDEX}=1",
             "sim.tfdist.io/outcome=fail",
         )
         deadline = time.time() + 60

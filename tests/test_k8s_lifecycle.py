@@ -21,6 +21,7 @@ from tfdist.backends.base import Launch
 from tfdist.backends.local import LocalBackend
 from tfdist.errors import JobSpecError, NoSuchJob
 from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.settings import ENV_RESULT_WAIT_S
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
@@ -40,7 +41,7 @@ def agent_takes_the_cell(monkeypatch):
 
 
 def pods_of(plane, ns: str, job: str, role: str | None = None) -> list[dict]:
-    sel = f"{mf.L_JOB}%3D{job}" + (f",{mf.L_ROLE}%3D{role}" if role else "")
+    sel = f"{kn.L_JOB}%3D{job}" + (f",{kn.L_ROLE}%3D{role}" if role else "")
     return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={sel}")["items"]
 
 
@@ -69,7 +70,7 @@ async def test_a_worker_pod_deleted_while_nobody_watches_is_replaced_by_the_clus
         await b.submit(spec("heal", ns, workers=2), b"p", Launch())  # nobody iterates watch()
         await wait_for("4 pods running", lambda: len(running(pods_of(k8s_plane, ns, "heal"))) == 4)
         victim = next(
-            p for p in pods_of(k8s_plane, ns, "heal", "worker") if p["metadata"]["labels"][mf.L_INDEX] == "0"
+            p for p in pods_of(k8s_plane, ns, "heal", "worker") if p["metadata"]["labels"][kn.L_INDEX] == "0"
         )
         t0 = time.time()
         k8s_plane.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
@@ -78,7 +79,7 @@ async def test_a_worker_pod_deleted_while_nobody_watches_is_replaced_by_the_clus
             return [
                 p
                 for p in running(pods_of(k8s_plane, ns, "heal", "worker"))
-                if p["metadata"]["labels"][mf.L_INDEX] == "0"
+                if p["metadata"]["labels"][kn.L_INDEX] == "0"
                 and p["metadata"]["uid"] != victim["metadata"]["uid"]
             ]
 
@@ -145,7 +146,7 @@ async def test_a_finished_job_deletes_itself(k8s_plane, k8s_namespace):
             "label",
             "pod",
             "-l",
-            f"{mf.L_JOB}=done,{mf.L_ROLE}=chief",
+            f"{kn.L_JOB}=done,{kn.L_ROLE}=chief",
             "sim.tfdist.io/outcome=succeed",
         )
         t0 = time.time()

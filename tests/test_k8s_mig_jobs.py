@@ -26,6 +26,7 @@ from tfdist.errors import JobSpecError
 from tfdist.jobspec import JobSpec
 from tfdist.kube import allreduce
 from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.kube.apply import prepare_user_namespace
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -42,10 +43,10 @@ def test_manifests_ask_for_the_profiles_gpu_resource_on_gpu_pods_only():
     )
     objs = mf.job_objects(s, token="t", node_selector=A100, gpu_resource=MIG_1G)
     jobs = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Job"}
-    workers = jobs[mf.task_job_name(s, "worker")]
+    workers = jobs[kn.task_job_name(s, "worker")]
     assert _limits(workers) == {MIG_1G: "1"}
     assert '"nvidia.com/gpu"' not in json.dumps(objs)
-    assert not _limits(jobs[mf.task_job_name(s, "ps")]).get(MIG_1G)
+    assert not _limits(jobs[kn.task_job_name(s, "ps")]).get(MIG_1G)
     # all-reduce: every replica (chief-0 too) is a GPU worker of the same profile
     s = JobSpec(
         name="a",
@@ -87,8 +88,8 @@ async def test_mig_job_asks_for_the_profile_and_lands_on_the_mig_node(k8s_plane,
         await b.submit(spec("mig1", ns, workers=2, gpus_per_worker=1), b"payload", Launch())
         evs = await collect(b, "mig1", lambda ev, _: ev.type == "state" and ev.state == "running")
         assert evs
-        pods = k8s_plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3Dmig1")["items"]
-        workers = [p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == "worker"]
+        pods = k8s_plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={kn.L_JOB}%3Dmig1")["items"]
+        workers = [p for p in pods if p["metadata"]["labels"][kn.L_ROLE] == "worker"]
         assert len(workers) == 2
         node = _mig_node(k8s_plane)
         for p in workers:

@@ -17,6 +17,7 @@ import pytest
 
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.kube import status as st
 from tfdist.runtime import pspod, psrecovery, psrestart
 from tfdist.runtime.pspod import PsWatch, ps_addresses
@@ -37,7 +38,7 @@ def test_checkpoint_every_makes_the_ps_job_replace_its_pods_and_tells_the_coordi
     assert ps["spec"]["maxFailedIndexes"] == 0  # a PS out of restarts fails the PS Job
     assert ps["spec"]["podReplacementPolicy"] == "TerminatingOrFailed"
     assert "backoffLimit" not in ps["spec"]
-    assert ps["spec"]["template"]["metadata"]["annotations"] == {mf.A_PS_RESTARTS: "3"}
+    assert ps["spec"]["template"]["metadata"]["annotations"] == {kn.A_PS_RESTARTS: "3"}
     root = mf.root_job(s, None)
     assert env_of(root)[psrecovery.ENV_EVERY] == "25"
     assert root["spec"]["backoffLimit"] == 0  # the coordinator pod restarts its coordinator itself
@@ -62,14 +63,14 @@ def test_without_checkpoints_a_ps_loss_still_ends_the_job():
 
 
 def pod(role: str, phase: str, annotations: dict | None) -> dict:
-    meta = {"name": f"j-{role}-0", "labels": {mf.L_ROLE: role, mf.L_INDEX: "0"}}
+    meta = {"name": f"j-{role}-0", "labels": {kn.L_ROLE: role, kn.L_INDEX: "0"}}
     if annotations:
         meta["annotations"] = annotations
     return {"metadata": meta, "status": {"phase": phase, "reason": "Error"}}
 
 
 def test_a_failed_ps_pod_of_a_checkpointing_job_is_being_replaced_not_the_end():
-    failed = pod("ps", "Failed", {mf.A_PS_RESTARTS: "3"})
+    failed = pod("ps", "Failed", {kn.A_PS_RESTARTS: "3"})
     state = st.pod_task_state(failed)
     assert state[0] == "restarting" and "being replaced" in state[1]
     tasks: st.TaskStates = {"chief-0": ("running", "")}

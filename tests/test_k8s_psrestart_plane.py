@@ -12,7 +12,7 @@ import pytest
 
 from tests.test_k8s_backend import backend, follow_until_running, get, private_agent_port, spec, wait_gone  # noqa: F401
 from tfdist.backends.base import Launch
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.runtime import psrecovery
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
@@ -33,11 +33,11 @@ async def test_a_failed_ps_pod_is_replaced_and_the_job_goes_on(k8s_plane, k8s_na
         svc = get(k8s_plane, f"/api/v1/namespaces/{ns}/services/psback-ps-0")
         assert svc["spec"]["clusterIP"] not in ("", "None")
         assert svc["metadata"]["ownerReferences"][0]["uid"] == root["metadata"]["uid"]
-        assert f"psback-ps-0.{ns}.svc:{mf.TF_PORT}" in env["TFDIST_CLUSTER"], env["TFDIST_CLUSTER"]
+        assert f"psback-ps-0.{ns}.svc:{kn.TF_PORT}" in env["TFDIST_CLUSTER"], env["TFDIST_CLUSTER"]
         events, task = await follow_until_running(b, "psback")
         n_before = len(events)
         k8s_plane.kubectl(
-            "-n", ns, "label", "pod", "-l", f"{mf.L_JOB}=psback,{mf.L_ROLE}=ps", "sim.tfdist.io/outcome=fail"
+            "-n", ns, "label", "pod", "-l", f"{kn.L_JOB}=psback,{kn.L_ROLE}=ps", "sim.tfdist.io/outcome=fail"
         )
         deadline = time.time() + 60
         while not [
@@ -53,7 +53,7 @@ async def test_a_failed_ps_pod_is_replaced_and_the_job_goes_on(k8s_plane, k8s_na
         assert (await b.status("psback")).state == "running"
         # ... and the Service routes to the replacement PS pod, the only one it selects
         ps_pods = get(
-            k8s_plane, f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3Dpsback,{mf.L_ROLE}%3Dps"
+            k8s_plane, f"/api/v1/namespaces/{ns}/pods?labelSelector={kn.L_JOB}%3Dpsback,{kn.L_ROLE}%3Dps"
         )
         (new_ps,) = [p for p in ps_pods["items"] if p["status"].get("phase") == "Running"]
 

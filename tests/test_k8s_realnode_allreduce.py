@@ -27,7 +27,7 @@ from tests.realnode_jobs import (
     wait_for,
     wait_gone,
 )
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 
@@ -69,16 +69,16 @@ def test_allreduce_trains_in_real_pods_behind_the_policy_and_faults_end_as_said(
 
         pods = wait_for("the job's 2 pods running", both_running, 300)
         t_pods = time.monotonic() - t0
-        assert sorted(p["metadata"]["labels"][mf.L_ROLE] for p in pods) == ["chief", "worker"]
+        assert sorted(p["metadata"]["labels"][kn.L_ROLE] for p in pods) == ["chief", "worker"]
         for p in pods:  # real containers on the real node
             assert p["spec"]["nodeName"] == realnode.NODE_NAME
             (cs,) = p["status"]["containerStatuses"]
             assert cs["containerID"].startswith("containerd://")
         jobs = real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs")["items"]
         assert sorted(j["metadata"]["name"] for j in jobs) == ["ardigits", "ardigits-worker"]  # no PS
-        chief = next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == "chief")
-        worker = next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == "worker")
-        ips = (worker["status"]["podIP"], chief["status"]["podIP"], mf.TF_PORT, mf.AGENT_PORT)
+        chief = next(p for p in pods if p["metadata"]["labels"][kn.L_ROLE] == "chief")
+        worker = next(p for p in pods if p["metadata"]["labels"][kn.L_ROLE] == "worker")
+        ips = (worker["status"]["podIP"], chief["status"]["podIP"], kn.TF_PORT, kn.AGENT_PORT)
         # another user's pod, even labelled as the owner's notebook: neither a replica's TF port nor the
         # agent (which serves the cell to the replicas) lets it in
         theirs = probe_from(bob.namespace, bob.notebook_pod, *ips)

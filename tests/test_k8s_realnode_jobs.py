@@ -35,7 +35,7 @@ from tests.realnode_jobs import (
     wait_gone,
 )
 from tfdist.jobrecords import JobSummary
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 
 if "tests.realnode_fixtures" not in sys.modules:
     from tests.realnode_fixtures import real_cluster  # noqa: F401
@@ -81,7 +81,7 @@ def sampled_row(tenant, tmp_path) -> JobSummary | None:
 
 
 def by_role(pods: list[dict], role: str) -> dict:
-    return next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == role)
+    return next(p for p in pods if p["metadata"]["labels"][kn.L_ROLE] == role)
 
 
 @pytest.mark.timeout(1800)
@@ -119,7 +119,7 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
                 job_image.split("/")[-1]
             )
         chief, worker = by_role(pods, "chief"), by_role(pods, "worker")
-        ips = (worker["status"]["podIP"], chief["status"]["podIP"], mf.TF_PORT, mf.AGENT_PORT)
+        ips = (worker["status"]["podIP"], chief["status"]["podIP"], kn.TF_PORT, kn.AGENT_PORT)
 
         def owner_reaches_agent():
             got = probe_from(ns, ann.notebook_pod, *ips)
@@ -146,7 +146,7 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
         (victim,) = [
             p
             for p in job_pods(real_cluster, ns, "digits", "worker")
-            if p["metadata"]["labels"][mf.L_INDEX] == "0"
+            if p["metadata"]["labels"][kn.L_INDEX] == "0"
         ]
         real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
         t0 = time.monotonic()
@@ -156,7 +156,7 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
             return [
                 p
                 for p in (running(pods) if live else pods)
-                if p["metadata"]["labels"][mf.L_INDEX] == "0"
+                if p["metadata"]["labels"][kn.L_INDEX] == "0"
                 and p["metadata"]["uid"] != victim["metadata"]["uid"]
             ]
 

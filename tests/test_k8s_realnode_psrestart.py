@@ -29,7 +29,7 @@ from tests.realnode_jobs import (
     wait_for,
     wait_gone,
 )
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 
@@ -79,7 +79,7 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
         logs = tmp_path / "pod-logs"
         logs.mkdir()
         pods = job_pods(real_cluster, ns, "psback")
-        others = [p for p in pods if p["metadata"]["labels"][mf.L_ROLE] != "ps"]
+        others = [p for p in pods if p["metadata"]["labels"][kn.L_ROLE] != "ps"]
         followers += follow_logs(ns, others, logs)
         real_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{victim['metadata']['name']}")
         t0 = time.monotonic()
@@ -134,7 +134,7 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
         took = wait_gone(real_cluster, ns, "psback", 60)
         print(f"cell end -> every object gone {took:.1f}s ({len(pods)} pods left at the end of the cell)")
         assert not job_pods(real_cluster, ns, "psback", "ps")
-        assert mf.A_PS_RESTARTS in (new_ps["metadata"].get("annotations") or {})
+        assert kn.A_PS_RESTARTS in (new_ps["metadata"].get("annotations") or {})
     finally:
         for proc in followers:
             proc.kill()

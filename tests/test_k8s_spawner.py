@@ -406,7 +406,7 @@ async def test_notebook_rbac_with_its_own_token(k8s_plane, k8s_api, k8s_namespac
     from kubernetes_asyncio.client.exceptions import ApiException
 
     from tfdist.jobspec import JobSpec
-    from tfdist.kube import manifests as mf
+    from tfdist.kube import names as kn
 
     ns_a = k8s_namespace
     ns_b = k8s_plane.create_namespace(f"t-{uuid.uuid4().hex[:10]}")
@@ -531,7 +531,7 @@ async def test_notebook_rbac_with_its_own_token(k8s_plane, k8s_api, k8s_namespac
         with pytest.raises(BackendUnavailable, match="needs the tfdist Role"):
             await other.submit(JobSpec(name="j1", user="u", backend="kubernetes"), b"p", Launch())
         await other.close()
-        sel = f"{mf.L_JOB}=j1"
+        sel = f"{kn.L_JOB}=j1"
 
         # nothing of the job left in A (pods may linger while kwok finishes their deletion)
         async def gone() -> bool:

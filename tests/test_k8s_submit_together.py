@@ -11,7 +11,7 @@ from tests.test_k8s_backend import backend, get, left, spec, wait_gone
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.errors import BackendUnavailable, JobSpecError
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.settings import from_environ
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
@@ -24,11 +24,11 @@ def private_agent_port(monkeypatch):
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        monkeypatch.setattr(mf, "AGENT_PORT", s.getsockname()[1])
+        monkeypatch.setattr(kn, "AGENT_PORT", s.getsockname()[1])
 
 
 def jobs_of(plane, ns: str, job: str) -> dict[str, dict]:
-    body = get(plane, f"/apis/batch/v1/namespaces/{ns}/jobs?labelSelector={mf.L_JOB}%3D{job}")
+    body = get(plane, f"/apis/batch/v1/namespaces/{ns}/jobs?labelSelector={kn.L_JOB}%3D{job}")
     return {j["metadata"]["name"]: j for j in body["items"]}
 
 

@@ -26,7 +26,7 @@ from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.errors import JobSpecError
 from tfdist.job.events import Event
 from tfdist.jobspec import JobSpec
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.kube import tenancy
 from tfdist.kube.apply import prepare_user_namespace, user_kubeconfig
 from tfdist.settings import from_environ
@@ -55,7 +55,7 @@ def notebook_pod(plane, ns: str, user: str) -> str:
         "POST",
         f"/api/v1/namespaces/{ns}/pods",
         {
-            "metadata": {"name": NOTEBOOK, "labels": mf.notebook_pod_labels(user)},
+            "metadata": {"name": NOTEBOOK, "labels": kn.notebook_pod_labels(user)},
             "spec": {"containers": [{"name": "c", "image": IMAGE, "securityContext": RESTRICTED}]},
         },
     )
@@ -315,7 +315,7 @@ async def test_notebook_token_reaches_neither_the_hub_nor_other_users(k8s_plane,
         assert (await status(core.create_namespaced_pod(bob, mounting("bobs"))))[0] == 403
         assert (await status(core.list_namespaced_pod(bob)))[0] == 403
         # its own namespace: no patch, no reading Secrets, no touching its quota, policy or RBAC
-        patch = {"metadata": {"labels": {mf.L_TASK: "chief-0"}}}
+        patch = {"metadata": {"labels": {kn.L_TASK: "chief-0"}}}
         assert (await status(core.patch_namespaced_pod(NOTEBOOK, ann, patch)))[0] == 403
         assert (await status(core.list_namespaced_secret(ann)))[0] == 403
         assert (await status(core.read_namespaced_secret("anything", ann)))[0] == 403
@@ -384,7 +384,7 @@ def _user_kubeconfig(plane, ns: str, tmp_path: Path, user: str) -> str:
 
 
 def _left(plane, ns: str, job: str) -> list[str]:
-    sel = f"labelSelector={mf.L_JOB}%3D{job}"
+    sel = f"labelSelector={kn.L_JOB}%3D{job}"
     jobs = plane.get(f"/apis/batch/v1/namespaces/{ns}/jobs?{sel}")["items"]
     out = [f"jobs/{j['metadata']['name']}" for j in jobs if not j["metadata"].get("deletionTimestamp")]
     for kind in ("pods", "services", "secrets"):
@@ -473,9 +473,9 @@ async def test_quota_binds_even_without_the_kernels_check_and_a_good_job_is_admi
         )
         running = await collect(b, "fits", lambda ev: ev.type == "state" and ev.state == "running")
         assert running
-        pods = k8s_plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3Dfits")["items"]
+        pods = k8s_plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={kn.L_JOB}%3Dfits")["items"]
         assert len(pods) == 4
-        worker = next(p for p in pods if p["metadata"]["labels"][mf.L_ROLE] == "worker")
+        worker = next(p for p in pods if p["metadata"]["labels"][kn.L_ROLE] == "worker")
         assert worker["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "ml-team"
         # without the kernel's own check the Job is created, but the quota keeps its pods from existing;
         # at --timeout the job is deleted with the quota's reason in one sentence
@@ -489,8 +489,8 @@ async def test_quota_binds_even_without_the_kernels_check_and_a_good_job_is_admi
         assert not [
             p
             for p in k8s_plane.get(f"/api/v1/namespaces/{ns}/pods")["items"]
-            if p["metadata"]["labels"].get(mf.L_JOB) == "over"
-            and p["metadata"]["labels"].get(mf.L_ROLE) == "worker"
+            if p["metadata"]["labels"].get(kn.L_JOB) == "over"
+            and p["metadata"]["labels"].get(kn.L_ROLE) == "worker"
         ]
     finally:
         await b.stop("fits")
@@ -596,7 +596,7 @@ async def test_a_forged_coordinator_gets_no_token_no_payload_and_its_pickle_is_n
         port = s.getsockname()[1]
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Forged)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    monkeypatch.setattr(mf, "AGENT_PORT", port)
+    monkeypatch.setattr(kn, "AGENT_PORT", port)
     ns = k8s_namespace
     b = _backend(k8s_plane, k8s_plane.kubeconfig, ns, "ann")
     spec = JobSpec(name="victim", backend="kubernetes", user="ann", namespace=ns)
@@ -605,7 +605,7 @@ async def test_a_forged_coordinator_gets_no_token_no_payload_and_its_pickle_is_n
         forged = {
             "metadata": {
                 "name": "victim-chief-0-x",
-                "labels": mf.labels(JobSpec(name="victim", user="ann"), "chief-0"),
+                "labels": kn.labels(JobSpec(name="victim", user="ann"), "chief-0"),
             },
             "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": IMAGE}]},
         }

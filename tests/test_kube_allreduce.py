@@ -7,6 +7,8 @@ import json
 from tfdist.jobspec import JobSpec
 from tfdist.kube import allreduce
 from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
+from tfdist.kube import podtemplate as pt
 
 SPEC = JobSpec(
     name="ar",
@@ -44,7 +46,7 @@ LABELS = {
     "app.kubernetes.io/name": "tfdist-job",
     "tfdist.io/job": "ar",
     "tfdist.io/role": "worker",
-    "tfdist.io/user": mf.user_label("ann"),
+    "tfdist.io/user": kn.user_label("ann"),
 }
 
 
@@ -78,22 +80,22 @@ def test_worker_job_golden():
                 "tolerations": TOL,
                 "restartPolicy": "Never",
                 "subdomain": "ar",
-                "terminationGracePeriodSeconds": mf.TERMINATION_GRACE_S,
+                "terminationGracePeriodSeconds": pt.TERMINATION_GRACE_S,
             },
         },
     }
 
 
 def test_root_is_replica_zero_with_gpus_and_the_agent():
-    root = allreduce.root_job(SPEC, mf.owner_reference("nb", "u1"), node_selector=NODE, tolerations=TOL)
-    assert root["metadata"]["labels"][mf.L_ROOT] == "true"
-    assert json.loads(root["metadata"]["annotations"][mf.A_SPEC])["strategy"] == "allreduce"
+    root = allreduce.root_job(SPEC, kn.owner_reference("nb", "u1"), node_selector=NODE, tolerations=TOL)
+    assert root["metadata"]["labels"][kn.L_ROOT] == "true"
+    assert json.loads(root["metadata"]["annotations"][kn.A_SPEC])["strategy"] == "allreduce"
     pod = root["spec"]["template"]["spec"]
     assert pod["hostname"] == "ar-chief-0" and pod["restartPolicy"] == "Never"
     assert pod["nodeSelector"] == NODE and pod["tolerations"] == TOL
     (c,) = pod["containers"]
     assert c["command"] == ["python", "-m", "tfdist.runtime.podmain", "allreduce-chief"]
-    assert c["env"] == [*ENV, {"name": "TFDIST_AGENT_PORT", "value": str(mf.AGENT_PORT)}]  # the agent's
+    assert c["env"] == [*ENV, {"name": "TFDIST_AGENT_PORT", "value": str(kn.AGENT_PORT)}]  # the agent's
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert {"containerPort": 8470, "name": "agent"} in c["ports"]
 
@@ -119,19 +121,19 @@ def test_objects_have_no_ps_and_one_worker_has_no_worker_job():
 def test_policy_lets_the_replicas_reach_each_other_and_the_agent_and_nobody_else():
     """Every replica's pod matches the job's policy selector: they reach each other's TF port and chief-0's
     agent (the workers fetch the cell there); the owner's notebook reaches only the agent."""
-    nb = mf.notebook_pod_labels("ann")
+    nb = kn.notebook_pod_labels("ann")
     (pol,) = [
         o for o in allreduce.job_objects(SPEC, token="t", notebook_labels=nb) if o["kind"] == "NetworkPolicy"
     ]
-    same_job = {"podSelector": {"matchLabels": mf.selector(SPEC)}}
+    same_job = {"podSelector": {"matchLabels": kn.selector(SPEC)}}
     assert pol["spec"]["podSelector"] == same_job["podSelector"] and pol["spec"]["policyTypes"] == ["Ingress"]
     by_port = {r["ports"][0]["port"]: r["from"] for r in pol["spec"]["ingress"]}
     assert by_port == {
-        mf.TF_PORT: [same_job],
-        mf.AGENT_PORT: [same_job, {"podSelector": {"matchLabels": nb}}],
+        kn.TF_PORT: [same_job],
+        kn.AGENT_PORT: [same_job, {"podSelector": {"matchLabels": nb}}],
     }
     worker = allreduce.worker_job(SPEC, None)
     for template in (allreduce.root_job(SPEC, None)["spec"]["template"], worker["spec"]["template"]):
         labels = template["metadata"]["labels"]
-        assert mf.selector(SPEC).items() <= labels.items(), labels
+        assert kn.selector(SPEC).items() <= labels.items(), labels
         assert not nb.items() <= labels.items()  # a replica is no notebook

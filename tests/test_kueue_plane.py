@@ -28,6 +28,7 @@ from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.errors import JobSpecError
 from tfdist.jobspec import JobSpec
 from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.kube import preemption as pre
 from tfdist.kube import queueing as q
 from tfdist.kube import queueing_apply as qa
@@ -109,7 +110,7 @@ def spec(name: str, ns: str, **kw) -> JobSpec:
 
 
 def pods(plane, ns: str, job: str) -> list[dict]:
-    return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3D{job}")["items"]
+    return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={kn.L_JOB}%3D{job}")["items"]
 
 
 def bound(p: dict) -> bool:
@@ -219,7 +220,7 @@ async def test_second_users_job_stays_gated_while_the_first_runs_then_starts(kq)
                 await asyncio.wait_for(anext(line), 30)
             bp = pods(kq, bob, "big")
             assert not any(gated(p) for p in bp)
-            workers = [p for p in bp if p["metadata"]["labels"][mf.L_ROLE] == "worker"]
+            workers = [p for p in bp if p["metadata"]["labels"][kn.L_ROLE] == "worker"]
             assert len(workers) == 2 and all(
                 kq.get(f"/api/v1/nodes/{p['spec']['nodeName']}")["metadata"]["labels"][
                     "nvidia.com/gpu.product"

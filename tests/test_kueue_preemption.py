@@ -24,7 +24,7 @@ from tfdist.job.checkpoint import Resume
 from tfdist.job.vocab import JobState, Reason
 from tfdist.jobview import JobView
 from tfdist.kube import checkpoints
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.kube import preemption as pre
 from tfdist.kube import queueing as q
 from tfdist.kube import queueing_apply as qa
@@ -112,7 +112,7 @@ def test_a_preempted_job_is_said_so_not_a_failed_coordinator():
         "message": KUEUE_MESSAGE,
     }
     fold = PodFold(expected=2)
-    labels = {mf.L_JOB: "j", mf.L_TASK: "chief-0"}
+    labels = {kn.L_JOB: "j", kn.L_TASK: "chief-0"}
     chief = {"metadata": {"name": "j-abc", "labels": labels}, "status": {"phase": "Running"}}
     fold.listed([chief])
     assert fold.verdict() is None
@@ -129,7 +129,7 @@ def test_a_preempted_job_is_said_so_not_a_failed_coordinator():
     assert (fold.verdict() or v).error.reason == Reason.PREEMPTED.value
     # one that finished before a worker was evicted did
     fold = PodFold(expected=2)
-    worker = {"metadata": {"name": "j-w", "labels": {mf.L_JOB: "j", mf.L_TASK: "worker-0"}}}
+    worker = {"metadata": {"name": "j-w", "labels": {kn.L_JOB: "j", kn.L_TASK: "worker-0"}}}
     fold.listed([chief, {**worker, "status": {"phase": "Failed", "conditions": [cond]}}])
     fold.changed("MODIFIED", {**chief, "status": {"phase": "Succeeded"}})
     assert fold.verdict().state == JobState.SUCCEEDED
@@ -203,7 +203,7 @@ def backend(plane, ns: str, queue: str, state_dir: str = "") -> KubernetesBacken
 
 
 def job_pods(plane, ns: str, job: str) -> list[dict]:
-    return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3D{job}")["items"]
+    return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={kn.L_JOB}%3D{job}")["items"]
 
 
 def live(p: dict) -> bool:

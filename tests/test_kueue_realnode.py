@@ -41,7 +41,7 @@ from tests.realnode_jobs import (
     wait_first_epoch,
     wait_for,
 )
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 
 if "tests.realnode_fixtures" not in sys.modules:
     from tests.realnode_fixtures import job_image, real_cluster  # noqa: F401
@@ -406,7 +406,7 @@ def test_two_users_jobs_submitted_together_run_whole_one_after_the_other(real_cl
 
 
 def mf_pods(cluster: Any, ns: str, job: str) -> list[tuple[str, str, str, bool]]:
-    listed = cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3D{job}") or {}
+    listed = cluster.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={kn.L_JOB}%3D{job}") or {}
     return [
         (
             p["metadata"]["name"],

@@ -28,7 +28,7 @@ from tests.test_k8s_tenancy import _api_for_token, _token
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
 from tfdist.jobspec import JobSpec
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.kube import queueing_apply as qa
 from tfdist.kube import queueline as ql
 from tfdist.kube import tenancy
@@ -129,7 +129,7 @@ def eight_gpus(name: str, ns: str) -> JobSpec:
 
 
 def pods(plane, ns: str, job: str) -> list[dict]:
-    return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={mf.L_JOB}%3D{job}")["items"]
+    return plane.get(f"/api/v1/namespaces/{ns}/pods?labelSelector={kn.L_JOB}%3D{job}")["items"]
 
 
 def workload(plane, ns: str, name: str) -> dict | None:

@@ -24,7 +24,7 @@ from tests.test_k8s_tenancy import GPU_ENV, IMAGE, _backend, _left, _user_kubeco
 from tests.test_lab_browser import Lab, free_port
 from tfdist.backends.base import Launch
 from tfdist.jobspec import JobSpec
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 
 hub, users = test_k8s_tenancy.hub, test_k8s_tenancy.users  # the fixtures, shared
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
@@ -42,7 +42,7 @@ def start_server(tmp: Path, user: str, **env: str) -> Lab:
         TFDIST_USER=user,
         TFDIST_BACKEND="kubernetes",
         TFDIST_WORKER_IMAGE=IMAGE,
-        TFDIST_AGENT_PORT=str(mf.AGENT_PORT),  # the private port of this test (nothing serves it)
+        TFDIST_AGENT_PORT=str(kn.AGENT_PORT),  # the private port of this test (nothing serves it)
         JUPYTER_RUNTIME_DIR=str(runtime),
         **env,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfdist.job.events import Event, LogEvent, StateEvent, TaskEvent
-from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.kube.podfold import PodFold, gone, timed_out
 
 
@@ -14,7 +14,7 @@ def pod(
     task: str, name: str, phase: str = "Running", created: str = "2026-01-01T00:00:00Z", **status
 ) -> dict:
     role, index = task.rsplit("-", 1)
-    labels = {mf.L_ROLE: role, mf.L_INDEX: index}
+    labels = {kn.L_ROLE: role, kn.L_INDEX: index}
     out: dict[str, Any] = {
         "metadata": {"name": name, "labels": labels, "creationTimestamp": created},
         "spec": {"nodeName": "node-1"},
@@ -114,9 +114,9 @@ def test_pods_without_a_task_are_not_the_jobs() -> None:
     fold = PodFold(expected=1)
     stray = {"metadata": {"name": "x", "labels": {}}, "status": {"phase": "Running"}}
     assert not fold.relevant(stray) and fold.changed("ADDED", stray) == [] and fold.listed([stray]) == []
-    odd = pod("chief-0", "c") | {"metadata": {"name": "c", "labels": {mf.L_ROLE: "bogus"}}}
+    odd = pod("chief-0", "c") | {"metadata": {"name": "c", "labels": {kn.L_ROLE: "bogus"}}}
     assert fold.relevant(odd) and fold.listed([odd]) == [] and fold.empty  # labelled, but no task of ours
-    newer = {"metadata": {"name": "d", "labels": {mf.L_ROLE: "bogus"}, "creationTimestamp": "2026-01-02"}}
+    newer = {"metadata": {"name": "d", "labels": {kn.L_ROLE: "bogus"}, "creationTimestamp": "2026-01-02"}}
     assert fold.changed("ADDED", newer) == []  # its "replacement" is not a restart of a task of ours
 
 

@@ -11,6 +11,7 @@ from tfdist.job.restart import PS_RESTARTS, WORKER_RESTARTS, Action, RestartPoli
 from tfdist.jobspec import JobSpec
 from tfdist.kube import allreduce as ar
 from tfdist.kube import manifests as mf
+from tfdist.kube import names as kn
 from tfdist.runtime import psrestart
 
 
@@ -54,7 +55,7 @@ def test_manifests_and_supervisor_read_the_same_limits() -> None:
     assert workers["backoffLimitPerIndex"] == policy.limit("worker") == WORKER_RESTARTS
     assert ps["backoffLimitPerIndex"] == policy.limit("ps") == psrestart.MAX_PS_RESTARTS
     ann = ps["template"]["metadata"]["annotations"]
-    assert ann[mf.A_PS_RESTARTS] == str(policy.limit("ps"))
+    assert ann[kn.A_PS_RESTARTS] == str(policy.limit("ps"))
     no_ckpt = mf.task_job(JobSpec(name="j", user="u", workers=2, ps=1), "ps", None)["spec"]
     assert no_ckpt["backoffLimit"] == 0 and "backoffLimitPerIndex" not in no_ckpt
 

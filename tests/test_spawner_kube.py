@@ -88,7 +88,7 @@ async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
     spec = pod["spec"]
     c = spec["containers"][0]
     # the label that this user's job NetworkPolicies admit to their coordinator's agent
-    from tfdist.kube.manifests import user_label
+    from tfdist.kube.names import user_label
 
     assert pod["metadata"]["labels"]["tfdist.io/notebook-of"] == user_label(sp.user.name)
     assert c["image"] == "registry.example.org/ml/tf-custom:2.21"

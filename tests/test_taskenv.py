@@ -8,7 +8,7 @@ import pytest
 
 from tfdist import taskenv
 from tfdist.jobspec import JobSpec
-from tfdist.kube import manifests
+from tfdist.kube import podtemplate
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_a_task_started_with_one_inter_op_thread_gets_the_minimum() -> None:
 
 def test_pods_get_the_same_environment_as_local_tasks() -> None:
     spec = JobSpec(name="j1", user="ana", workers=2, ps=1, cpu=1.0, backend="kubernetes", image="img")
-    pod = manifests.pod_template(spec, "worker")
+    pod = podtemplate.pod_template(spec, "worker")
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["TF_NUM_INTEROP_THREADS"] == "2" and env["TF_NUM_INTRAOP_THREADS"] == "1"
     assert env["GRPC_FAIL_FAST"] == "use_caller" and env["TF_USE_LEGACY_KERAS"] == "1"
@@ -52,6 +52,6 @@ def test_pods_get_the_same_environment_as_local_tasks() -> None:
     task_environment("worker", env := {**env, "JOB_COMPLETION_INDEX": "1"})  # what the pod does at start
     assert json.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
     # without --cpu the pod sizes its pools where it runs (taskenv.ensure_threads at the task's start)
-    bare = manifests.pod_template(JobSpec(name="j1", user="ana", backend="kubernetes", image="img"), "ps")
+    bare = podtemplate.pod_template(JobSpec(name="j1", user="ana", backend="kubernetes", image="img"), "ps")
     names = {e["name"] for e in bare["spec"]["containers"][0]["env"]}
     assert not names & set(taskenv.THREAD_VARS)

@@ -29,7 +29,8 @@ from ..jobrecords import JobSummary
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..kube import lifeline, records
-from ..kube import manifests as mf
+from ..kube import names as kn
+from ..kube import podtemplate as pt
 from ..kube import status as st
 from ..kube.cluster import KubeApi, controller_uid, current_namespace
 from ..kube.queueing import L_QUEUE
@@ -56,9 +57,9 @@ class KubernetesBackend(KubeSubmit, KubeWatch, KubeDetachedJobs, KubeJobWork, Ba
         self.node_selector: dict[str, str] | None = settings.gpu_node_selector
         self.tolerations: list[dict] | None = settings.gpu_tolerations
         # the profile's GPU model (a MIG profile is a resource of its own); whole GPUs without one
-        self.gpu_resource: str = settings.gpu_resource or mf.GPU_RESOURCE
+        self.gpu_resource: str = settings.gpu_resource or pt.GPU_RESOURCE
         self.notebook_labels: dict[str, str] | None = (
-            mf.notebook_pod_labels(settings.user) if settings.pod_name else None
+            kn.notebook_pod_labels(settings.user) if settings.pod_name else None
         )
         self.lifeline_grace_s: float = settings.lifeline_grace_s
         self.lifeline_renew_s: float = lifeline.renew_every(settings.lifeline_grace_s)
@@ -70,7 +71,7 @@ class KubernetesBackend(KubeSubmit, KubeWatch, KubeDetachedJobs, KubeJobWork, Ba
         return await self.kube.list_pods(self.namespace, sel)
 
     def _selector(self, name: str) -> str:
-        return f"{mf.L_JOB}={name},{mf.L_USER}={mf.user_label(self.settings.user)}"
+        return f"{kn.L_JOB}={name},{kn.L_USER}={kn.user_label(self.settings.user)}"
 
     def _ours(self, name: str, pod: dict[str, Any]) -> bool:
         """A pod of a Job this backend created (by UID). Without a local record (another kernel's job,
@@ -99,7 +100,7 @@ class KubernetesBackend(KubeSubmit, KubeWatch, KubeDetachedJobs, KubeJobWork, Ba
         if root is None and not pods and job is None:
             raise NoSuchJob(name)
         spec = job.spec if job else None
-        ann = ((root or {}).get("metadata", {}).get("annotations") or {}).get(mf.A_SPEC)
+        ann = ((root or {}).get("metadata", {}).get("annotations") or {}).get(kn.A_SPEC)
         if ann and spec is None:
             spec = JobSpec.from_json(ann)
         created = job.created if job else time.time()
@@ -133,7 +134,7 @@ class KubernetesBackend(KubeSubmit, KubeWatch, KubeDetachedJobs, KubeJobWork, Ba
             view.apply(pos.event())
 
     async def list_jobs(self) -> list[JobSummary]:
-        sel = f"{mf.L_ROOT}=true,{mf.L_USER}={mf.user_label(self.settings.user)}"
+        sel = f"{kn.L_ROOT}=true,{kn.L_USER}={kn.user_label(self.settings.user)}"
         roots = await self.kube.list_root_jobs(self.namespace, sel)
         out = []
         for name in sorted(set(roots) | set(self._jobs)):

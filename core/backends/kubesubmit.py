@@ -25,7 +25,9 @@ from ..job import detach as dt
 from ..job.vocab import Reason
 from ..jobspec import JobSpec
 from ..kube import allreduce, transport
+from ..kube import datavolumes as dv
 from ..kube import manifests as mf
+from ..kube import names as kn
 from ..kube.api_errors import translate
 from ..kube.cluster import KubeApi, job_resources, quota_shortfall
 from ..kube.queueing_apply import queue_refusal
@@ -99,7 +101,7 @@ class KubeSubmit:
         )
         # every pod of the job mounts the profile's data volumes where the notebook has them
         data = self.settings.data_volumes
-        mf.with_data_volumes(root, data)
+        dv.with_data_volumes(root, data)
         # The checks read and create nothing, so they run together; the first refusal cancels the others.
         # A job its queue can never hold is refused at once, not after the namespace's quota waited for
         # this user's ending jobs to let go.
@@ -114,7 +116,7 @@ class KubeSubmit:
         try:
             root = await self._create_translated(root, spec)
             created.append(root)
-            owner = mf.root_reference(spec, root["metadata"]["uid"])
+            owner = kn.root_reference(spec, root["metadata"]["uid"])
             objects = build.job_objects(
                 spec,
                 token=token,
@@ -126,7 +128,7 @@ class KubeSubmit:
                 queue=self.settings.kueue_queue,
             )
             for obj in objects:
-                mf.with_data_volumes(obj, data)
+                dv.with_data_volumes(obj, data)
                 if obj["kind"] == "Job":
                     obj["spec"]["suspend"] = True
             await self._create_all(objects, spec, created)
@@ -276,14 +278,14 @@ class KubeSubmit:
     async def _releasing(self) -> bool:
         """Whether pods of this user's jobs are on their way out (deleted, or of a job this backend ended)."""
         try:
-            pods = (await self._list_pods(f"{mf.L_USER}={mf.user_label(self.settings.user)}"))["items"]
+            pods = (await self._list_pods(f"{kn.L_USER}={kn.user_label(self.settings.user)}"))["items"]
         except Exception:
             return False
         for p in pods:
             meta = p.get("metadata") or {}
             if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue  # a finished pod holds no quota
-            if meta.get("deletionTimestamp") or (meta.get("labels") or {}).get(mf.L_JOB) in self._ended:
+            if meta.get("deletionTimestamp") or (meta.get("labels") or {}).get(kn.L_JOB) in self._ended:
                 return True
         return False
 
@@ -293,7 +295,7 @@ class KubeSubmit:
 
     def _owner(self) -> dict[str, Any] | None:
         if self.settings.pod_name and self.settings.pod_uid:
-            return mf.owner_reference(self.settings.pod_name, self.settings.pod_uid)
+            return kn.owner_reference(self.settings.pod_name, self.settings.pod_uid)
         return None
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..job.events import MetricsEvent
 from ..jobspec import JobSpec
 from ..kube import checkpoints, lifeline, records, transport
-from ..kube import manifests as mf
+from ..kube import names as kn
 from ..kube.agent_client import AgentClient
 from ..kube.cluster import KubeApi
 from ..settings import Settings
@@ -89,7 +89,7 @@ class KubeJobWork:
         return checkpoints.kept_path(self.settings.state_dir, self.namespace, job.spec.name, digest)
 
     async def _chief_ip(self, job: KubeJob) -> str:
-        sel = f"{self._selector(job.spec.name)},{mf.L_ROLE}=chief"
+        sel = f"{self._selector(job.spec.name)},{kn.L_ROLE}=chief"
         return await transport.chief_ip(self.kube, self.namespace, sel, job.root_uid)
 
     async def _lifeline(self, name: str, root: dict[str, Any]) -> None:

@@ -20,7 +20,10 @@ from typing import Any
 
 from ..job.restart import RestartPolicy
 from ..jobspec import JobSpec
+from . import access as ka
 from . import manifests as mf
+from . import names as kn
+from . import podtemplate as pt
 
 STRATEGY = "allreduce"
 
@@ -30,20 +33,20 @@ def _as_replica(
     template: dict[str, Any],
     node_selector: dict | None,
     tolerations: list | None,
-    gpu_resource: str = mf.GPU_RESOURCE,
+    gpu_resource: str = pt.GPU_RESOURCE,
 ) -> None:
     """Turn a PS job's pod template into an all-reduce replica's: cluster, strategy, GPUs."""
     container = template["spec"]["containers"][0]
-    cluster = json.dumps(mf.cluster_spec(spec), sort_keys=True)
+    cluster = json.dumps(kn.cluster_spec(spec), sort_keys=True)
     values = {"TFDIST_CLUSTER": cluster, "TFDIST_STRATEGY": STRATEGY}
     for e in container["env"]:
         if e["name"] in values:
             e["value"] = values.pop(e["name"])
     container["env"] += [{"name": k, "value": v} for k, v in values.items()]
-    container["env"] = [e for e in container["env"] if e != mf.NO_GPU_ENV]
+    container["env"] = [e for e in container["env"] if e != pt.NO_GPU_ENV]
     if not spec.gpus_per_worker:
-        container["env"].append(dict(mf.NO_GPU_ENV))
-    container["resources"] = mf._resources(spec, spec.gpus_per_worker, gpu_resource)
+        container["env"].append(dict(pt.NO_GPU_ENV))
+    container["resources"] = pt.resources(spec, spec.gpus_per_worker, gpu_resource)
     if spec.gpus_per_worker and node_selector:
         template["spec"]["nodeSelector"] = dict(node_selector)
     if spec.gpus_per_worker and tolerations:
@@ -56,7 +59,7 @@ def root_job(
     *,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
-    gpu_resource: str = mf.GPU_RESOURCE,
+    gpu_resource: str = pt.GPU_RESOURCE,
     queue: str | None = None,
     result_wait_s: float | None = None,
     lifeline_s: int | None = None,
@@ -79,7 +82,7 @@ def worker_job(
     *,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
-    gpu_resource: str = mf.GPU_RESOURCE,
+    gpu_resource: str = pt.GPU_RESOURCE,
     queue: str | None = None,
 ) -> dict[str, Any] | None:
     """Replicas 1..N-1 as one Indexed Job (None for a one-worker job); a failed index fails the job."""
@@ -111,7 +114,7 @@ def job_objects(
     notebook_labels: dict[str, str] | None = None,
     node_selector: dict[str, str] | None = None,
     tolerations: list[dict] | None = None,
-    gpu_resource: str = mf.GPU_RESOURCE,
+    gpu_resource: str = pt.GPU_RESOURCE,
     queue: str | None = None,
 ) -> list[dict[str, Any]]:
     """What the root owns, in `manifests.job_objects`' order, without a PS Job."""
@@ -125,7 +128,7 @@ def job_objects(
     )
     return [
         *([workers] if workers else []),
-        mf.secret(spec, root, token),
-        mf.service(spec, root),
-        mf.network_policy(spec, root, notebook_labels),
+        ka.secret(spec, root, token),
+        ka.service(spec, root),
+        ka.network_policy(spec, root, notebook_labels),
     ]

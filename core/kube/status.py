@@ -14,7 +14,7 @@ from ..job.vocab import FailureKind, JobState, Reason, TaskState
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..tf_config import TaskId
-from . import manifests as mf
+from . import names as kn
 from . import preemption
 
 TaskStates = dict[str, tuple[str, str]]  # task -> (state, message)
@@ -27,12 +27,12 @@ def _text(value: Any) -> str:
 
 def pod_task(pod: dict[str, Any]) -> str | None:
     labels = pod.get("metadata", {}).get("labels") or {}
-    if labels.get(mf.L_TASK):
-        return labels[mf.L_TASK]
-    role = labels.get(mf.L_ROLE)
+    if labels.get(kn.L_TASK):
+        return labels[kn.L_TASK]
+    role = labels.get(kn.L_ROLE)
     if not role:
         return None
-    index = labels.get(mf.L_INDEX) or (pod["metadata"].get("annotations") or {}).get(mf.L_INDEX) or "0"
+    index = labels.get(kn.L_INDEX) or (pod["metadata"].get("annotations") or {}).get(kn.L_INDEX) or "0"
     return f"{role}-{index}"
 
 
@@ -60,7 +60,7 @@ def pod_task_state(pod: dict[str, Any]) -> tuple[str, str]:
         return TaskState.EXITED_OK, ""
     if phase == "Failed":
         why = status.get("reason") or status.get("message") or "failed"
-        if (pod.get("metadata", {}).get("annotations") or {}).get(mf.A_PS_RESTARTS):
+        if (pod.get("metadata", {}).get("annotations") or {}).get(kn.A_PS_RESTARTS):
             # --checkpoint-every: the PS Job replaces it and the coordinator pod resumes; when it has no
             # restart left the coordinator fails, and says so
             return TaskState.RESTARTING, f"lost ({why}); being replaced"

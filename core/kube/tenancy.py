@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..datamounts import DataMount
-from . import manifests as mf
+from . import names as kn
 from .egress import DEFAULT_HUB_PORT, Endpoint, default_egress
 
 NOTEBOOK_SA = "tfdist-notebook"
@@ -158,7 +158,7 @@ def namespace(p: TenantPolicy) -> dict[str, Any]:
             **p.namespace_labels,
             **PART_OF,
             L_TENANT: "true",
-            mf.L_USER: mf.user_label(p.user),
+            kn.L_USER: kn.user_label(p.user),
             "pod-security.kubernetes.io/enforce": POD_SECURITY,
             "pod-security.kubernetes.io/enforce-version": "latest",
         },
@@ -172,7 +172,7 @@ def owned_by(live: dict[str, Any], p: TenantPolicy) -> bool:
     """Whether an existing namespace is the one jupyter-tfdist made for `p.user`: only then does the hub
     converge it (a user name that maps onto kube-system or another team's namespace gets nothing there)."""
     labels = (live.get("metadata") or {}).get("labels") or {}
-    return labels.get(L_TENANT) == "true" and labels.get(mf.L_USER) == mf.user_label(p.user)
+    return labels.get(L_TENANT) == "true" and labels.get(kn.L_USER) == kn.user_label(p.user)
 
 
 def resource_quota(p: TenantPolicy) -> dict[str, Any]:

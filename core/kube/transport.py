@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..errors import BackendUnavailable
-from . import manifests as mf
+from . import names as kn
 from .agent_client import AgentClient
 from .cluster import KubeApi, controller_uid
 from .podwatch import pod_stream
@@ -52,7 +52,7 @@ async def chief_ip(kube: KubeApi, ns: str, selector: str, root_uid: str) -> str:
 
 
 def client_for(ip: str, token: str) -> AgentClient:
-    return AgentClient(f"http://{ip}:{mf.AGENT_PORT}", token)
+    return AgentClient(f"http://{ip}:{kn.AGENT_PORT}", token)
 
 
 async def deliver(client: AgentClient, payload: bytes, created: float, timeout_s: float) -> None:
