@@ -105,6 +105,16 @@ def test_kernel_killed_mid_fit_leaves_nothing(tmp_path):
         k.execute_in_background(LONG_FIT.format(name="orphan-check"), timeout=300)
         wait_for_epoch(state, "orphan-check", 1)
         pids = job_pids(state, "orphan-check")
+        # the job's tasks were forked (the default): each is the supervisor's own child, not the fork
+        # server's, and the fork server is gone once chief-0 started (moved here from test_forkserver)
+        tasks = task_pids(state, "orphan-check")
+        assert sorted(tasks) == ["chief-0", "ps-0", "worker-0", "worker-1"], tasks
+        sup = pids[0]
+        for task, pid in tasks.items():
+            assert psutil.Process(pid).ppid() == sup, task
+            assert "tfdist.runtime.forkserver" in " ".join(psutil.Process(pid).cmdline()), task
+        servers = [c.pid for c in psutil.Process(sup).children() if c.pid not in tasks.values()]
+        assert wait_gone(servers, 10) == []  # closed once chief-0 started
         os.kill(k.pid, signal.SIGKILL)
         assert wait_gone(pids, 10) == [], "job processes outlived their kernel by 10 s"
     finally:
