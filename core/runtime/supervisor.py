@@ -9,9 +9,11 @@ its end of that pipe is the job's lifeline). A detached job (`--detach`) has no 
 end without the kernel and leaves its results in JOBDIR for `%tfdist attach`. Every child is also bound to
 this process with PR_SET_PDEATHSIG, so even a SIGKILL of the supervisor leaves nothing running.
 
-This module is the orchestration: the order of things and the restart policy (tfdist.job.restart) applied
-to what ended. Its parts: the control socket (runtime.control), starting tasks (runtime.spawn), the memory
-guards and the lifeline (runtime.guards), state.json (runtime.statefile), a PS's comeback (runtime.psrestart).
+This module is the orchestration: the order of things, from the first task's start to the job's last
+event. Its parts: the control socket (runtime.control), starting tasks (runtime.spawn), the memory guards
+and the lifeline (runtime.guards), the restart policy applied to a server that ended (runtime.serverwatch),
+a PS's comeback (runtime.psrestart), stopping the tasks and the outcome of a run that raised
+(runtime.jobend), state.json (runtime.statefile).
 """
 
 from __future__ import annotations
@@ -36,35 +38,24 @@ from tfdist.job.events import (
     parse,
     to_wire,
 )
-from tfdist.job.restart import Action, RestartPolicy
+from tfdist.job.restart import RestartPolicy
 from tfdist.job.view import JobView, final_task_state, reason_for
-from tfdist.job.vocab import FailureKind, JobState, Reason, TaskState
+from tfdist.job.vocab import JobState, Reason, TaskState
 from tfdist.jobspec import JobSpec
 from tfdist.procid import ProcessId
-from tfdist.runtime import allreduce, events, psrestart
+from tfdist.runtime import events, psrestart
 from tfdist.runtime.control import ControlServer
 from tfdist.runtime.forked import ForkServer
 from tfdist.runtime.guards import Lifeline, MemoryGuard
+from tfdist.runtime.jobend import Outcome, end_tasks, raised
 from tfdist.runtime.outcome import coordinator_outcome
-from tfdist.runtime.spawn import (
-    COORDINATOR_MODULE,
-    SERVER_MODULE,
-    PendingLines,
-    Spawner,
-    StartupError,
-    Task,
-    ended,
-)
-from tfdist.runtime.spawn import die_with_task_parent as _die_with_parent  # noqa: F401 (runtime.warmpool)
+from tfdist.runtime.serverwatch import ServerWatch
+from tfdist.runtime.spawn import COORDINATOR_MODULE, SERVER_MODULE, PendingLines, Spawner, Task, ended
 from tfdist.runtime.statefile import write_state
 from tfdist.sampler import TaskSampler
 from tfdist.settings import TaskSettings
-from tfdist.tf_config import TaskId
 
-KILL_GRACE_S = 3.0
 TICK_S = 1.0
-
-Outcome = tuple[str, str, "dict | None"]  # state, message, error
 
 
 class Supervisor:
@@ -104,6 +95,7 @@ class Supervisor:
             stop=lambda code: self.request_stop(code.sentence(), code),
         )
         self.recovery = psrestart.PsRestart(self.spec, jobdir)  # --checkpoint-every: a lost PS comes back
+        self.servers = ServerWatch(self.spec, jobdir, self.policy, self.recovery, self, self._stop_for)
 
     @property
     def forks(self) -> ForkServer | None:
@@ -165,57 +157,6 @@ class Supervisor:
             1 for t in self.view.tasks.values() if t.get("state") == TaskState.FAILED
         )
 
-    async def _watch_servers(self) -> None:
-        """Apply the restart policy to every server that ended (the coordinator's end is the cell's)."""
-        while True:
-            await asyncio.sleep(0.2)
-            for task in self.tasks.values():
-                if task.name == "chief-0" or task.proc is None or task.proc.returncode is None:
-                    continue
-                await self._server_ended(task, task.proc.returncode)
-
-    async def _server_ended(self, task: Task, code: int) -> None:
-        self.sampler.forget(task.name)
-        role = TaskId.parse(task.name).role
-        restarts = self.recovery.restarts if role == "ps" else task.restarts
-        action = self.policy.after_exit(role, code, restarts)
-        if action is Action.RESUME:  # runtime.psrestart: the PS and the coordinator come back
-            await self.recovery.ps_lost(self, task, ended(task, code))
-        elif action is Action.RESTART:  # the coordinator re-sends the worker's work
-            task.restarts += 1
-            limit = self.policy.limit(role)
-            self.log(
-                task.name, f"tfdist: {task.name} {ended(task, code)}; restarting ({task.restarts}/{limit})"
-            )
-            self.emit(
-                TaskEvent(task=task.name, state=TaskState.RESTARTING, exit_code=code, restarts=task.restarts)
-            )
-            task.killed_for = None
-            await self.respawn(task)
-        elif action is Action.DONE:
-            task.proc = None
-            self.emit(TaskEvent(task=task.name, state=TaskState.EXITED_OK, exit_code=0))
-        else:
-            self._server_failed(task, code, role)
-
-    def _server_failed(self, task: Task, code: int, role: str) -> None:
-        how = ended(task, code)
-        task.proc = None
-        self.emit(TaskEvent(task=task.name, state=TaskState.FAILED, exit_code=code))
-        if not self.policy.ends_job(role):
-            return
-        if self.spec.strategy == "allreduce":
-            # MWMS cannot take one worker back mid-step: every collective stalls, the job ends with it named
-            self.failure = allreduce.worker_failure(self.jobdir, task.name, how)
-        else:
-            why = (
-                f"parameter server {task.name} {how}; the fit cannot go on without it "
-                "(restart from a checkpoint)"
-            )
-            self.failure = {"type": FailureKind.PS_LOST.value, "message": why, "traceback": ""}
-        self.log(task.name, "tfdist: " + self.failure["message"])
-        self.request_stop(self.failure["message"])
-
     async def run(self) -> int:
         os.makedirs(os.path.join(self.jobdir, "logs"), exist_ok=True)
         await self.spawner.start_forks()
@@ -237,23 +178,8 @@ class Supervisor:
         outcome: Outcome
         try:
             outcome = await self._run_job()
-        except StartupError as exc:
-            outcome = (
-                JobState.FAILED,
-                str(exc).splitlines()[0],
-                {"type": type(exc).__name__, "message": str(exc), "traceback": ""},
-            )
-        except Exception as exc:  # a bug of ours: still clean up and say so
-            outcome = (
-                JobState.FAILED,
-                f"supervisor error: {exc}",
-                {
-                    "type": type(exc).__name__,
-                    "message": str(exc),
-                    "traceback": "",
-                    "reason": Reason.INTERNAL.value,
-                },
-            )
+        except Exception as exc:  # a task that could not start, or a bug of ours: still clean up and say so
+            outcome = raised(exc)
         await self._teardown(outcome[0])
         self._flush_logs()
         state, message, error = outcome
@@ -322,7 +248,7 @@ class Supervisor:
             starting.result()  # raises StartupError
             self.emit(TaskEvent(task="chief-0", state=TaskState.RUNNING))
             self.emit(StateEvent(state=JobState.RUNNING, message="training"))
-            watcher = asyncio.ensure_future(self._watch_servers())
+            watcher = asyncio.ensure_future(self.servers.watch())
             while True:
                 done, _ = await asyncio.wait({chief_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
                 if chief_wait not in done or not await self.recovery.should_resume(self):
@@ -351,25 +277,8 @@ class Supervisor:
 
     async def _teardown(self, state: str) -> None:
         self.spawner.close_forks()
-        alive = [t for t in self.tasks.values() if t.alive]
-        procs = [t.proc for t in alive]
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
-        if procs:
-            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=KILL_GRACE_S)
-            for p in procs:
-                if p.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        p.kill()
-            await asyncio.gather(*(p.wait() for p in procs), return_exceptions=True)
-        for t in self.tasks.values():
-            if t.reader is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(t.reader, 1)
-            if t.log is not None:
-                t.log.close()
-        for t in alive:  # ended by us: "exited" after a success, "stopped" otherwise (never "running")
+        for t in await end_tasks(self.tasks.values()):
+            # ended by us: "exited" after a success, "stopped" otherwise (never "running")
             self.emit(TaskEvent(task=t.name, state=final_task_state(state, TaskState.RUNNING)))
 
 

@@ -117,11 +117,12 @@ def _log_to(path: str) -> None:
 
 async def _main(server_pid: int | None, statefile: str) -> int:
     from tfdist.runtime import supervisor
+    from tfdist.runtime.spawn import die_with_task_parent
 
     name = forkserver.own_name()
     forkserver.set_name(forkserver.IDLE_NAME)  # an idle pool, not a job: see forkserver.IDLE_NAME
     state = _State(statefile)
-    forks = await ForkServer.start(import_env(dict(os.environ)), supervisor._die_with_parent, idle=True)
+    forks = await ForkServer.start(import_env(dict(os.environ)), die_with_task_parent, idle=True)
     if forks is None:
         print("tfdist warm pool: ended (no fork server: this kernel refuses child subreapers)", flush=True)
         return 0
