@@ -302,11 +302,9 @@ def test_a_mig_server_shows_unmeasured_utilization_and_is_never_culled_for_it(mi
     from tests.test_hub_gpu_culler import admin_session, page_rows, server_get
 
     h = mig_hub
-    # both asked for at once (alice first): the hub starts them side by side, not one after the other
     for user, options in (("alice", SLICE), ("bob", {**SLICE, "gpus": "1", "gpu_model": "a100"})):
         ok = h.api("POST", f"/users/{user}/server", json={"user_options": as_json(options)})
         assert ok.status_code in (201, 202), ok.text
-    for user in ("alice", "bob"):
         h.wait_ready(user)
     started = time.monotonic()
     gpus = server_get(h, "alice", "gpus")
