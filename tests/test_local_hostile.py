@@ -58,7 +58,9 @@ async def test_one_long_line_and_a_carriage_return_progress_bar_do_not_hang_a_jo
     assert len(logs) < 4 * 2**20  # the log file is bounded
 
 
-async def test_a_job_works_under_a_path_longer_than_af_unix_allows(tmp_path: Path) -> None:
+async def test_a_job_works_under_a_long_path_and_its_reused_pid_is_never_signalled(tmp_path: Path) -> None:
+    """One finished job for both (a job start is the slow part): it ran under a path longer than AF_UNIX
+    allows, and then its recorded supervisor PID belongs to someone else's process."""
     deep = tmp_path / ("home-of-a-user-with-a-long-name-" * 3) / ".local/state/tfdist/jobs"
     backend = LocalBackend(str(deep))
     name = "a-job-name-that-is-forty-characters-long"[:40]
@@ -67,25 +69,20 @@ async def test_a_job_works_under_a_path_longer_than_af_unix_allows(tmp_path: Pat
     assert view.state == "succeeded", (view.message, view.error)
     assert await backend.fetch_result(name) is not None
 
-
-async def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
-    """A finished job whose recorded supervisor PID now belongs to someone else's process."""
-    backend = LocalBackend(str(tmp_path / "jobs"))
-    await run_job(backend, "old", "x = 1\n")
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         me = ProcessId.of(bystander.pid)
         assert me is not None
         # what the file would say had an earlier process with this PID been the supervisor
         stale = ProcessId(bystander.pid, me.started - 100)
-        (tmp_path / "jobs" / "old" / "supervisor.pid").write_text(stale.dumps())
-        assert not backend.is_running("old")
-        assert await backend.stop("old") is False
-        (tmp_path / "jobs" / "old" / "supervisor.pid").write_text(str(bystander.pid))  # an older format
-        assert not backend.is_running("old") and await backend.stop("old") is False
+        (deep / name / "supervisor.pid").write_text(stale.dumps())
+        assert not backend.is_running(name)
+        assert await backend.stop(name) is False
+        (deep / name / "supervisor.pid").write_text(str(bystander.pid))  # an older format
+        assert not backend.is_running(name) and await backend.stop(name) is False
         time.sleep(0.3)
         assert bystander.poll() is None, "the bystander was killed"
-        assert (await backend.status("old")).state == "succeeded"
+        assert (await backend.status(name)).state == "succeeded"
     finally:
         bystander.kill()
         bystander.wait()
