@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tfdist.runtime.agent import JobLog
+from tfdist.runtime.joblog import JobLog
 
 
 def _metrics(tasks: int, t: float) -> dict:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import threading
@@ -30,81 +29,15 @@ from ..events import MetricsEvent, parse, to_wire
 from ..job import checkpoint as ck
 from ..job import signing
 from ..job.events import LogEvent, ProgressEvent
-from . import ckptbundle
+from . import bodyfiles, ckptbundle
 from . import events as wire
+from .joblog import JobLog, MetricsMerger
 from .psrestart import CKPT_DIR
 
-CHUNK = 1 << 20
 POLL_WAIT_S = 10.0
 MAX_POST = 64 * 2**20  # a metrics sample of a 66-task job is tens of KiB; the payload is a streamed PUT
 MAX_PUT = 16 * 2**30  # the payload: the notebook's models and in-memory data, streamed to the pod's disk
 LEGACY_POST = 64 * 2**10  # a POST from a sender that declares no digest (an older notebook's /done: "{}")
-
-
-class JobLog:
-    """Events in order, readable from any index (long-poll); thread-safe. A ring bounded by count *and*
-    bytes: the coordinator pod's memory is the job's --memory, and one metrics event of a 66-task job is
-    tens of KiB (20,000 of them were ~840 MiB), so only the newest events stay (a reader that fell
-    behind skips ahead)."""
-
-    def __init__(self, keep: int = 20000, keep_bytes: int = 32 * 2**20) -> None:
-        self._events: list[dict[str, Any]] = []
-        self._sizes: list[int] = []
-        self._bytes = 0
-        self._base = 0  # index of self._events[0]
-        self._keep, self._keep_bytes = keep, keep_bytes
-        self._cond = threading.Condition()
-
-    def add(self, ev: dict[str, Any]) -> None:
-        size = len(wire.dumps(ev))
-        with self._cond:
-            self._events.append(ev)
-            self._sizes.append(size)
-            self._bytes += size
-            drop = max(len(self._events) - self._keep, 0)
-            freed = sum(self._sizes[:drop])
-            while self._bytes - freed > self._keep_bytes and drop < len(self._events) - 1:
-                freed += self._sizes[drop]
-                drop += 1
-            if drop:
-                self._bytes -= freed
-                del self._events[:drop], self._sizes[:drop]
-                self._base += drop
-            self._cond.notify_all()
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
-    def read(self, start: int, wait: float) -> tuple[int, list[dict[str, Any]]]:
-        """(index of the first event returned, events from `start` on)."""
-        with self._cond:
-            if start >= self._base + len(self._events):
-                self._cond.wait(wait)
-            first = max(start, self._base)
-            return first, self._events[first - self._base :]
-
-
-class MetricsMerger:
-    """Each server pod posts its own sample; the notebook gets one metrics event per second for all."""
-
-    def __init__(self, log: JobLog, period: float = 1.0) -> None:
-        self._log, self._period = log, period
-        self._latest: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        threading.Thread(target=self._run, name="tfdist-metrics", daemon=True).start()
-
-    def add(self, ev: MetricsEvent) -> None:
-        with self._lock:
-            self._latest.update(to_wire(ev)["tasks"])
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(self._period)
-            with self._lock:
-                tasks, self._latest = self._latest, {}
-            if tasks:
-                self._log.add(to_wire(MetricsEvent(t=time.time(), tasks=tasks)))
 
 
 class AgentState:
@@ -198,14 +131,16 @@ def make_app(state: AgentState) -> web.Application:
         path = os.path.join(state.jobdir, "result.bin")
         if not os.path.exists(path):
             return _reply(404, {"error": "no result"}, nonce, state.token)
-        return await _send_file(request, path, nonce, state.token)
+        return await bodyfiles.send_file(request, path, nonce, state.token)
 
     async def payload(request: web.Request, nonce: str) -> web.StreamResponse:
         # all-reduce workers run the cell too: they fetch it here, signed like everything else (the token
         # is the job's own Secret, which only the job's pods and the notebook hold)
         if not state.payload_ready.is_set():
             return _reply(404, {"error": "no payload yet"}, nonce, state.token)
-        return await _send_file(request, os.path.join(state.jobdir, "payload.bin"), nonce, state.token)
+        return await bodyfiles.send_file(
+            request, os.path.join(state.jobdir, "payload.bin"), nonce, state.token
+        )
 
     ckpt_lock = asyncio.Lock()  # a bundle is not repacked while it is being sent
 
@@ -233,7 +168,7 @@ def make_app(state: AgentState) -> web.Application:
                 return _reply(
                     404, {"error": "no checkpoint packed (GET /checkpoint/latest)"}, nonce, state.token
                 )
-            return await _send_file(request, state.ckpt_export, nonce, state.token)
+            return await bodyfiles.send_file(request, state.ckpt_export, nonce, state.token)
 
     async def put_checkpoint(
         request: web.Request, nonce: str, declared: str, size: int
@@ -243,13 +178,13 @@ def make_app(state: AgentState) -> web.Application:
         if size > ck.MAX_BYTES:
             raise _refuse(413, f"a checkpoint is at most {ck.MAX_BYTES} bytes", nonce, state.token)
         if state.payload_ready.is_set():
-            await _drain(request)
+            await bodyfiles.drain(request)
             return _reply(
                 409, {"error": "the payload came first: the fit may have started"}, nonce, state.token
             )
         tmp = os.path.join(state.jobdir, f"checkpoint-in.part{id(request)}")
         try:
-            got, digest = await _stream_to(request, tmp)
+            got, digest = await bodyfiles.stream_to(request, tmp)
             if got != size or digest != declared:
                 return _reply(400, {"error": "the body is not the one that was signed"}, nonce, state.token)
             try:
@@ -274,14 +209,14 @@ def make_app(state: AgentState) -> web.Application:
         if request.raw_path == "/checkpoint":
             return await put_checkpoint(request, nonce, declared, size)
         if request.raw_path != "/payload":
-            await _drain(request)
+            await bodyfiles.drain(request)
             return _reply(404, {"error": "unknown path"}, nonce, state.token)
         if not state.payload_ready.is_set():
             got = await receive(request, os.path.join(state.jobdir, "payload.bin"), declared, size)
             if got != "ok":
                 return _reply(400, {"error": got}, nonce, state.token)
         else:
-            await _drain(request)
+            await bodyfiles.drain(request)
         ok = state.payload_digest == declared  # this one, or a retried upload of the same payload
         body = {"ok": True} if ok else {"error": "another payload was received"}
         return _reply(200 if ok else 409, body, nonce, state.token)
@@ -290,7 +225,7 @@ def make_app(state: AgentState) -> web.Application:
         """Stream a signed body to `dest` ("ok"), or say why not: nothing of it is left on disk."""
         tmp = f"{dest}.part{id(request)}"
         try:
-            got, digest = await _stream_to(request, tmp)
+            got, digest = await bodyfiles.stream_to(request, tmp)
             if got < size:
                 return "the payload was cut short"
             if digest != declared:
@@ -365,52 +300,6 @@ def _declared_digest(request: web.Request) -> str | None:
         return signing.parse_header(request.headers.get("Authorization", "")).body_digest
     except signing.BadSignature:
         return None
-
-
-async def _stream_to(request: web.Request, path: str) -> tuple[int, str]:
-    """(bytes, sha256) of the request's body, written to `path` as it comes (hundreds of MB: not in RAM)."""
-    h, got = hashlib.sha256(), 0
-    with open(path, "wb") as f:
-        async for chunk in request.content.iter_chunked(CHUNK):
-            await asyncio.to_thread(f.write, chunk)
-            h.update(chunk)
-            got += len(chunk)
-    return got, h.hexdigest()
-
-
-async def _drain(request: web.Request) -> None:
-    """Read a signed body to nowhere: its sender gets its answer after sending it, as it expects."""
-    async for _ in request.content.iter_chunked(CHUNK):
-        pass
-
-
-async def _send_file(request: web.Request, path: str, nonce: str, token: str) -> web.StreamResponse:
-    """A file of any size, streamed, its response signed over the whole body's digest."""
-    size, digest = await asyncio.to_thread(_size_and_digest, path)  # hundreds of MB: off the loop
-    resp = web.StreamResponse(
-        status=200,
-        headers={
-            "Content-Type": "application/octet-stream",
-            signing.RESPONSE_HEADER: signing.sign_response(token, nonce, 200, digest),
-        },
-    )
-    resp.content_length = size
-    await resp.prepare(request)
-    with open(path, "rb") as f:
-        while chunk := await asyncio.to_thread(f.read, CHUNK):
-            await resp.write(chunk)
-    await resp.write_eof()
-    return resp
-
-
-def _size_and_digest(path: str) -> tuple[int, str]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
 
 
 class AgentServer:
