@@ -238,41 +238,45 @@ import asyncio, json, os, sys
 from tfdist.runtime.forked import ForkServer, import_env
 
 async def main():
-    extra, core = json.loads(sys.argv[1]), int(sys.argv[2])
+    extras, core = json.loads(sys.argv[1]), int(sys.argv[2])
     env = import_env({k: v for k, v in os.environ.items() if k != "TF_NUM_INTEROP_THREADS"})
     fs = await ForkServer.start(env, lambda: os.sched_setaffinity(0, {core}))
-    task = await fs.spawn("probe", "probe", ["a1"], env | extra, os.getcwd(), ())
-    print((await task.stdout.read()).decode(), flush=True)
-    print(json.dumps({"code": await task.wait()}), flush=True)
+    for extra in extras:  # one task at a time, each forked from the same server
+        task = await fs.spawn("probe", "probe", ["a1"], env | extra, os.getcwd(), ())
+        print((await task.stdout.read()).decode(), flush=True)
+        print(json.dumps({"code": await task.wait()}), flush=True)
     fs.close()
 
 asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("threads", ["3", ""])
-def test_a_forked_task_sizes_tensorflow_pools_from_its_task_env(tmp_path, threads):
+def test_a_forked_task_sizes_tensorflow_pools_from_its_task_env(tmp_path):
     """Exact: one process, one eager context, one inter-op pool of TF_NUM_INTEROP_THREADS threads (or
     TensorFlow's own size for its one core, 1, without it), though its fork server imported TensorFlow
-    before it had any task environment."""
+    before it had any task environment. Both tasks are forked from one server (one TensorFlow import)."""
     import subprocess
     import sys
 
     (tmp_path / "probe.py").write_text(PROBE)
-    extra = {"TF_NUM_INTEROP_THREADS": threads} if threads else {}
+    cases = ["3", ""]  # TF_NUM_INTEROP_THREADS in the task's env; "": not set
+    extras = [{"TF_NUM_INTEROP_THREADS": threads} if threads else {} for threads in cases]
     one_core = sorted(os.sched_getaffinity(0))[0]
     out = subprocess.run(
-        [sys.executable, "-c", THREADS_DRIVER, json.dumps(extra), str(one_core)],
+        [sys.executable, "-c", THREADS_DRIVER, json.dumps(extras), str(one_core)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=300,
     ).stdout
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(lines) == 2 and lines[1] == {"code": 0}, out
+    assert len(lines) == 2 * len(cases), out
     # and it runs as `python -m probe a1` would: argv[0] the module's file, as __main__
     want_argv = [str(tmp_path / "probe.py"), "a1"]
-    assert lines[0] == {"inter": int(threads or 1), "argv": want_argv, "main": "__main__"}, out
+    for i, threads in enumerate(cases):
+        seen, end = lines[2 * i], lines[2 * i + 1]
+        assert end == {"code": 0}, (threads, out)
+        assert seen == {"inter": int(threads or 1), "argv": want_argv, "main": "__main__"}, (threads, out)
 
 
 def test_memory_short_server_gets_no_pool_and_an_idle_pool_goes_first(tmp_path, monkeypatch):
