@@ -502,6 +502,20 @@ class ControlPlane:
         )
         return name
 
+    def service_account_kubeconfig(self, ns: str, account: str, path: Path) -> str:
+        """A kubeconfig (0600, at `path`) that acts as `account` of `ns` with a 10-minute token: what a user
+        with that service account's token has."""
+        tok = self.request(
+            "POST",
+            f"/api/v1/namespaces/{ns}/serviceaccounts/{account}/token",
+            {"spec": {"expirationSeconds": 600}},
+        )["status"]["token"]
+        cfg = yaml.safe_load(Path(self.kubeconfig).read_text())
+        cfg["users"] = [{"name": account, "user": {"token": tok}}]
+        cfg["contexts"][0]["context"]["user"] = account
+        write_private(path, yaml.safe_dump(cfg))
+        return str(path)
+
     # ------------------------------------------------------------------ tiny REST client (stdlib)
 
     def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0):

@@ -248,21 +248,10 @@ async def test_no_rbac_gives_a_clear_message(k8s_plane, k8s_namespace, tmp_path)
     k8s_plane.request(
         "POST", f"/api/v1/namespaces/{k8s_namespace}/serviceaccounts", {"metadata": {"name": "norights"}}
     )
-    tok = k8s_plane.request(
-        "POST",
-        f"/api/v1/namespaces/{k8s_namespace}/serviceaccounts/norights/token",
-        {"spec": {"expirationSeconds": 600}},
-    )["status"]["token"]
-    import yaml
-
-    kc = yaml.safe_load(open(k8s_plane.kubeconfig))
-    kc["users"] = [{"name": "sa", "user": {"token": tok}}]
-    kc["contexts"][0]["context"]["user"] = "sa"
-    path = tmp_path / "sa.kubeconfig"
-    path.write_text(yaml.safe_dump(kc))
+    path = k8s_plane.service_account_kubeconfig(k8s_namespace, "norights", tmp_path / "sa.kubeconfig")
     b = KubernetesBackend(
         from_environ({"TFDIST_NAMESPACE": k8s_namespace, "TFDIST_WORKER_IMAGE": "img:1"}),
-        kubeconfig=str(path),
+        kubeconfig=path,
     )
     with pytest.raises(BackendUnavailable, match="needs the tfdist Role"):
         await b.submit(spec("denied", k8s_namespace), b"p", Launch())

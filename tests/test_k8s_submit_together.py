@@ -5,7 +5,6 @@ controller and garbage collector: the kwok plane of tests/kube_plane.py)."""
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from tests.test_k8s_backend import backend, get, left, spec, wait_gone
 from tfdist.backends.base import Launch
@@ -93,15 +92,7 @@ def limited_kubeconfig(plane, ns: str, tmp_path, update_only: str) -> str:
             "subjects": [{"kind": "ServiceAccount", "name": "partial", "namespace": ns}],
         },
     )
-    tok = plane.request(
-        "POST", f"/api/v1/namespaces/{ns}/serviceaccounts/partial/token", {"spec": {"expirationSeconds": 600}}
-    )["status"]["token"]
-    kc = yaml.safe_load(open(plane.kubeconfig))
-    kc["users"] = [{"name": "sa", "user": {"token": tok}}]
-    kc["contexts"][0]["context"]["user"] = "sa"
-    path = tmp_path / "partial.kubeconfig"
-    path.write_text(yaml.safe_dump(kc))
-    return str(path)
+    return plane.service_account_kubeconfig(ns, "partial", tmp_path / "partial.kubeconfig")
 
 
 async def test_a_refused_resume_deletes_everything_even_what_already_runs(k8s_plane, k8s_namespace, tmp_path):
