@@ -97,15 +97,19 @@ class HubUser:
         )
         assert r.status_code == 302, (r.status_code, r.text[:300])
 
-    def spawn_with(self, fields: list[tuple[str, str]], server: str = "") -> None:
+    def post_spawn(self, fields: list[tuple[str, str]], server: str = "") -> requests.Response:
+        """The spawn form POSTed as the browser does (XSRF header, no redirect followed)."""
         path = f"/hub/spawn/{self.name}/{server}" if server else f"/hub/spawn/{self.name}"
-        r = self.session.post(
+        return self.session.post(
             f"{self.url}{path}",
             data=fields,
             headers={"X-XSRFToken": self.session.cookies.get("_xsrf") or ""},
             timeout=120,
             allow_redirects=False,
         )
+
+    def spawn_with(self, fields: list[tuple[str, str]], server: str = "") -> None:
+        r = self.post_spawn(fields, server)
         assert r.status_code in (200, 302), (r.status_code, r.text[-500:])
         err = re.search(r'class="spawn-error-msg[^"]*">(.*?)</p>', r.text, re.S)
         assert not err, err.group(1) if err else ""

@@ -389,13 +389,7 @@ def attack_objects(real_cluster, ns: str) -> list[str]:
 def spawn_refusal(hu: HubUser, server: str, fields: list[tuple[str, str]], **changed: str) -> tuple[int, str]:
     """POST the spawn form of a named server with some fields changed: (status, the form's error)."""
     data = [(k, changed.pop(k, v)) for k, v in fields] + list(changed.items())
-    r = hu.session.post(
-        f"{hu.url}/hub/spawn/{hu.name}/{server}",
-        data=data,
-        headers={"X-XSRFToken": hu.session.cookies.get("_xsrf") or ""},
-        timeout=120,
-        allow_redirects=False,
-    )
+    r = hu.post_spawn(data, server)
     return r.status_code, error_text(r)
 
 
