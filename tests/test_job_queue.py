@@ -14,10 +14,13 @@ import pytest
 
 from tests.doubles.event_backend import EventBackend
 from tfdist.events import EventError, QueueEvent, StateEvent, parse, to_wire
+from tfdist.job.vocab import TaskState
 from tfdist.jobrecords import JobList, JobSummary, wire
 from tfdist.jobview import JobView, summary_fields
 from tfdist.kernel_magics.magics import TfdistMagics
 from tfdist.kernel_magics.monitor import TextMonitor, header_html
+from tfdist.kube import names as kn
+from tfdist.kube import status as kst
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -75,6 +78,35 @@ def test_the_view_folds_it_until_the_job_is_admitted() -> None:
     assert v.queue is None and v.state_word == "running"
     assert v.apply(WIRE)  # a late word of the queue: the job already runs
     assert v.queue is None and v.message == "all tasks running"
+
+
+def gated_pod(task: str, reason: str, message: str) -> dict:
+    """A task pod as the API server reports it while it has no node."""
+    role, index = task.split("-")
+    gates = [{"name": "kueue.x-k8s.io/admission"}] if reason == "SchedulingGated" else []
+    return {
+        "metadata": {"name": f"q-{task}", "labels": {kn.L_ROLE: role, kn.L_INDEX: index}},
+        "spec": {"schedulingGates": gates},
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": reason, "message": message}],
+        },
+    }
+
+
+def test_pods_held_by_kueue_leave_the_place_in_line_as_the_jobs_word() -> None:
+    """The pod watch's word for a gated pod is not the scheduler's "blocked" sentence, which (arriving
+    after Kueue's place in line, said only when it changes) hid where the job waited; a pod no node fits
+    once admitted still says why."""
+    v, tasks = queued_view(), {}
+    gate = "Scheduling is blocked due to non-empty scheduling gates"
+    for e in kst.task_events([gated_pod("worker-0", "SchedulingGated", gate)], tasks):
+        assert v.apply(e)
+    assert v.state_word == "queued" and v.message == SENTENCE
+    assert tasks["worker-0"] == (TaskState.PENDING, kst.ADMISSION_WAIT)
+    full = "0/1 nodes are available: 1 Insufficient cpu."
+    out = kst.task_events([gated_pod("worker-0", "Unschedulable", full)], tasks)
+    assert [e for e in out if isinstance(e, StateEvent) and e.message == f"worker-0: {full}"], out
 
 
 def test_a_snapshot_keeps_it_and_is_checked_against_the_views_own_fields() -> None:

@@ -18,6 +18,7 @@ from . import names as kn
 from . import preemption
 
 TaskStates = dict[str, tuple[str, str]]  # task -> (state, message)
+ADMISSION_WAIT = "waiting to be admitted"
 TEXT_MAX = 4096  # of the cluster's words kept in an event (a pod's status message, a Job's condition)
 
 
@@ -45,6 +46,8 @@ def pod_task_state(pod: dict[str, Any]) -> tuple[str, str]:
     if phase == "Pending":
         for c in status.get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                if c.get("reason") == "SchedulingGated":  # held by Kueue until the job is admitted:
+                    return TaskState.PENDING, ADMISSION_WAIT  # its place in line is the job's word
                 return TaskState.UNSCHEDULABLE, c.get("message") or c.get("reason") or "not scheduled"
         for cs in status.get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
