@@ -318,3 +318,24 @@ def test_an_older_notebooks_requests_still_work_but_its_payload_is_refused_with_
     assert (
         status == 401 and b"older than the job image" in body and files_in(state.jobdir) == {"result.bin": 7}
     )
+
+
+# ------------------------------------------------------------------------------------------- ownership
+async def test_a_closed_client_opens_no_new_session_for_a_follower_still_polling(agent):
+    """The backend closes a job's client when the job stops while its event follower may still be polling:
+    the poll cut by the close was retried on a new session nobody closed (one "Unclosed client session" per
+    stopped job in bench_kueue's 100-job run). Closed is final: the follower ends, no session is left."""
+    client = AgentClient(f"http://127.0.0.1:{agent[1]}", TOKEN, retry_for=10)
+
+    async def follow() -> None:
+        async for _ in client.events():
+            pass
+
+    follower = asyncio.ensure_future(follow())
+    await asyncio.sleep(0.5)  # its poll waits on the agent: no event yet
+    assert client.requests >= 1 and not follower.done()
+    await client.close()
+    with pytest.raises(BackendUnavailable, match="closed"):
+        await asyncio.wait_for(follower, 5)
+    assert client._session is None, "a session was opened after close"
+    assert not await client.reachable()

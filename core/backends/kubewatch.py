@@ -24,6 +24,7 @@ from ..job.vocab import JobState, Reason
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..kube import checkpoints, preemption
+from ..kube.agent_client import AgentClosed
 from ..kube.cluster import KubeApi
 from ..kube.podwatch import PodWatch
 from ..kube.queueing_apply import queue_events, workload_of
@@ -74,6 +75,8 @@ class KubeWatch:
                         await q.put(ev)
             except asyncio.CancelledError:
                 raise
+            except AgentClosed:  # stopped here, or its results taken: the pods' watch says how it ended
+                return
             except Exception as exc:  # never leave the cell waiting on a dead watcher
                 await q.put(
                     StateEvent(

@@ -33,22 +33,33 @@ class AgentForged(TfdistError):
     """An answer not signed with the job's token: something other than the job's agent answered."""
 
 
+class AgentClosed(BackendUnavailable):
+    """This kernel closed the client (the job was stopped or its results taken): nothing more to read."""
+
+
 class AgentClient:
     def __init__(self, base_url: str, token: str, *, retry_for: float = 60.0):
         self.base_url = base_url.rstrip("/")
         self._token = token
         self.retry_for = retry_for
         self._session: Any = None
+        self._closed = False  # final: a request after close (a follower still polling) opens nothing
         self.requests = 0  # HTTP requests sent, retries included (benchmarks)
 
     async def _http(self) -> Any:
         import aiohttp
 
+        if self._closed:
+            raise AgentClosed(
+                f"the client of the agent at {urlsplit(self.base_url).netloc} was closed: the job ended here"
+            )
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession()
         return self._session
 
     async def close(self) -> None:
+        """For good: what still polls through this client ends with AgentClosed."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -97,6 +108,8 @@ class AgentClient:
             try:
                 return await self._once(method, path, body, timeout)
             except (aiohttp.ClientError, ConnectionError, TimeoutError, OSError) as exc:
+                if self._closed:  # the poll this close cut short: not the network's fault, not retried
+                    await self._http()  # raises, with the reason
                 if time.monotonic() + delay > deadline:
                     raise BackendUnavailable(
                         f"lost the coordinator's agent at {urlsplit(self.base_url).netloc} for "
@@ -109,6 +122,8 @@ class AgentClient:
         """Whether the agent answers at all (an unsigned probe; nothing it says is trusted)."""
         import aiohttp
 
+        if self._closed:
+            return False
         try:
             session = await self._http()
             self.requests += 1
