@@ -10,6 +10,8 @@ The model (docs/users.md, "How `%tfdist plan` predicts"):
 * A step of one worker is serial: pull the variables from the PS, compute, push the gradients. So a
   PS step costs t_compute + t_pull + t_push; pull and push each take the busiest link's bytes in that
   phase over its bandwidth, with all workers in phase (conservative for async PS training).
+* A gradient that comes as IndexedSlices (an embedding's) moves only the rows the batch touches, and the
+  lookup pulls only those: the probe measures each variable's bytes per step (`Measured.step_bytes`).
 * Variables sit on the PS round-robin in creation order (TensorFlow's default placement, no partitioner),
   so one huge variable (VGG-16's fc6: 411 MB) loads one PS however many there are.
 * Tasks are spread round-robin over nodes (PS j on node j mod nodes); traffic between tasks on one node
@@ -58,6 +60,12 @@ class Measured:
     cores_used: float | None = None  # CPU time / wall time of the measured steps (None: all of them)
     split_step_s: tuple[tuple[int, float], ...] = ()  # (smaller batch, its step) where it was measured
     epochs: int | None = None  # the fit's epochs, for the time to train them
+    step_bytes: tuple[int, ...] = ()  # per variable, what a step pulls and pushes (sparse: rows); () = all
+
+    @property
+    def moved_bytes(self) -> tuple[int, ...]:
+        """Per variable, in creation order, the bytes one step moves each way between a worker and a PS."""
+        return self.step_bytes if len(self.step_bytes) == len(self.var_bytes) else self.var_bytes
 
     def step_at(self, batch: int) -> float:
         """One step at `batch` examples: measured where it was, else linear in the batch between (or
@@ -175,7 +183,7 @@ def predict_single(m: Measured, hw: Hardware) -> Prediction:
 
 def _phase_s(m: Measured, hw: Hardware, workers: int, ps: int) -> tuple[float, str, str]:
     """One phase (pull, or push: the same bytes the other way): the busiest link's time, its name and why."""
-    shards = shard(m.var_bytes, ps)
+    shards = shard(m.moved_bytes, ps)
     node_of_worker = [w % hw.nodes for w in range(workers)]
     node_of_ps = [j % hw.nodes for j in range(ps)]
     nic_out = [0.0] * hw.nodes  # PS -> remote workers (pull); the push mirrors it
@@ -191,8 +199,8 @@ def _phase_s(m: Measured, hw: Hardware, workers: int, ps: int) -> tuple[float, s
     t_nic = max(max(nic_out), max(nic_in)) / hw.bandwidth
     t_local = max(local) / hw.local_bandwidth
     why = (
-        f"each step moves {size(2 * m.param_bytes * workers)} through {ps} PS "
-        f"(the busiest holds {size(max(shards))})"
+        f"each step moves {size(2 * sum(m.moved_bytes) * workers)} through {ps} PS "
+        f"(the busiest holds {size(max(shard(m.var_bytes, ps)))})"
     )
     if t_nic >= t_local:
         return t_nic, "PS bandwidth" if ps < workers or hw.nodes == 1 else "network", why

@@ -285,6 +285,7 @@ def plan(magics: Any, argv: list[str], cell: str | None) -> None:
         cores_used=got.cores_used,
         split_step_s=tuple(got.split_step_s),
         epochs=got.epochs,
+        step_bytes=tuple(got.step_bytes),
     )
     preds = advisor.plan(m, hw, workers, split=True)  # the cell runs as written: all-reduce splits its batch
     best, why = advisor.recommend(preds)
@@ -295,6 +296,10 @@ def plan(magics: Any, argv: list[str], cell: str | None) -> None:
         f"{m.step_s * 1000:.1f} ms on one device here; over {len(shards)} PS: "
         + ", ".join(advisor.size(s) for s in shards)
     )
+    moved = sum(m.moved_bytes)
+    if moved < m.param_bytes:  # sparse gradients (an embedding's): a step moves the rows it touches
+        summary += f"; a step moves {advisor.size(moved)} each way (sparse gradients: the rows it touches)"
+
     where = f"{hw.nodes} node(s) x {hw.devices_per_node} device(s)"
     semantics = (
         "batch: PS workers each take the cell's batch; all-reduce splits it over the workers "

@@ -41,8 +41,9 @@ class ProbeResult:
     batch: int
     var_bytes: list[int]
     var_names: list[str]
-    grad_bytes: int
+    grad_bytes: int  # what a step's gradients move (sparse ones: the rows they touch)
     params: int
+    step_bytes: list[int] = field(default_factory=list)  # per variable, what a step pulls (and pushes)
     split_step_s: list[tuple[int, float]] = field(default_factory=list)  # (per-replica batch, median step)
     steps_per_epoch: int | None = None  # the fit's own (evaluated), else the dataset's cardinality
     epochs: int | None = None
@@ -141,6 +142,27 @@ def time_steps(model: Any, dataset: Any, warmed: tuple[Any, Any] | None = None) 
     return times[len(times) // 2], len(times), round(cores_used, 2)
 
 
+def step_bytes(model: Any, dataset: Any) -> list[int]:
+    """Per variable (creation order), the bytes one step moves each way between a worker and its PS: a
+    gradient that comes as IndexedSlices (an embedding's) moves the rows its batch touches, and the
+    lookup pulls only those (both run on the PS); any other variable moves whole. From one gradient of a
+    real batch, as the train step computes it."""
+    import tensorflow as tf
+
+    x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(next(iter(dataset.take(1))))
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = model.compute_loss(x, y, y_pred, sample_weight)
+    trainable = model.trainable_variables
+    grads = tape.gradient(loss, trainable)
+    sparse: dict[Any, int] = {}
+    for v, g in zip(trainable, grads, strict=True):
+        if isinstance(g, tf.IndexedSlices):
+            rows = int(g.values.shape.num_elements() * g.values.dtype.size)
+            sparse[v.ref()] = rows + int(g.indices.shape.num_elements() * g.indices.dtype.size)
+    return [sparse.get(v.ref(), int(v.shape.num_elements() * v.dtype.size)) for v in model.variables]
+
+
 def measure(
     model: Any, dataset: Any, split: int = 1, before_timing: Callable[[], None] = lambda: None
 ) -> ProbeResult:
@@ -155,6 +177,11 @@ def measure(
         per_replica = batch // split
         split_step.append((per_replica, time_steps(model, dataset.unbatch().batch(per_replica))[0]))
     variables = list(model.variables)
+    try:
+        moved = step_bytes(model, dataset)
+    except Exception:  # a model whose loss this cannot call as its train step does: every variable whole
+        moved = [int(v.shape.num_elements() * v.dtype.size) for v in variables]
+    trainable = {v.ref() for v in model.trainable_variables}
     return ProbeResult(
         step_s=step_s,
         steps_timed=timed,
@@ -162,8 +189,9 @@ def measure(
         batch=batch,
         var_bytes=[int(v.shape.num_elements() * v.dtype.size) for v in variables],
         var_names=[v.name for v in variables],
-        grad_bytes=int(sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)),
+        grad_bytes=sum(b for v, b in zip(variables, moved, strict=True) if v.ref() in trainable),
         params=int(sum(v.shape.num_elements() for v in model.trainable_variables)),
+        step_bytes=moved,
         split_step_s=split_step,
     )
 
