@@ -100,6 +100,7 @@ class Hardware:
     ps_overhead_s: float = PS_STEP_LATENCY_S  # per worker step
     ps_dispatch_s: float = PS_DISPATCH_S  # per step at the coordinator, one at a time
     ps_dispatch_per_ps_s: float = PS_DISPATCH_PER_EXTRA_PS_S
+    ps_per_variable_s: float = 0.0  # per worker step, per variable beyond the first (its remote calls)
     allreduce_overhead_s: float = ALLREDUCE_STEP_OVERHEAD_S
     measured: tuple[str, ...] = ()  # which of the costs above were measured here (the rest: assumed)
 
@@ -210,15 +211,16 @@ def _phase_s(m: Measured, hw: Hardware, workers: int, ps: int) -> tuple[float, s
 def predict_ps(m: Measured, hw: Hardware, workers: int, ps: int) -> Prediction:
     compute = _compute_s(m, hw, workers, m.batch)
     phase, link, why = _phase_s(m, hw, workers, ps)
-    step = compute + 2 * phase + hw.ps_overhead_s
+    overhead = hw.ps_overhead_s + hw.ps_per_variable_s * max(0, len(m.var_bytes) - 1)
+    step = compute + 2 * phase + overhead
     dispatch = hw.ps_dispatch_s + hw.ps_dispatch_per_ps_s * (ps - 1)
     steps = min(workers / step, 1 / dispatch)
     if 1 / dispatch < workers / step:
         bound = "coordinator dispatch"
-    elif compute >= 2 * phase + hw.ps_overhead_s:
+    elif compute >= 2 * phase + overhead:
         bound = _compute_bound(hw, workers)
     else:
-        bound = "step latency" if hw.ps_overhead_s > 2 * phase else link
+        bound = "step latency" if overhead > 2 * phase else link
     return Prediction(
         "ps",
         workers,
@@ -228,7 +230,7 @@ def predict_ps(m: Measured, hw: Hardware, workers: int, ps: int) -> Prediction:
         _epoch(m, steps),
         bound,
         why,
-        {"compute": compute, "pull": phase, "push": phase, "overhead": hw.ps_overhead_s},
+        {"compute": compute, "pull": phase, "push": phase, "overhead": overhead},
         m.batch,
     )
 
@@ -294,6 +296,7 @@ def plan(m: Measured, hw: Hardware, workers: int | None = None, split: bool = Fa
 
 COSTS = (
     "ps_overhead_s",
+    "ps_per_variable_s",
     "ps_dispatch_s",
     "ps_dispatch_per_ps_s",
     "allreduce_overhead_s",

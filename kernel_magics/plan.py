@@ -191,6 +191,7 @@ def costs_text(hw: advisor.Hardware, error: str) -> str:
     """What was measured here for the fixed costs, and what was assumed."""
     names = {
         "ps_overhead_s": ("PS step round trip", "ms"),
+        "ps_per_variable_s": ("per further variable", "ms"),
         "ps_dispatch_s": ("coordinator dispatch", "ms"),
         "ps_dispatch_per_ps_s": ("dispatch per extra PS", "ms"),
         "allreduce_overhead_s": ("all-reduce launch", "ms"),

@@ -150,6 +150,28 @@ def test_an_embeddings_sparse_gradient_moves_only_its_rows():
     assert Measured(step_s=0.002, batch=64, var_bytes=(table,), step_bytes=(1, 2)).moved_bytes == (table,)
 
 
+def test_each_variable_of_a_ps_step_costs_its_remote_calls():
+    """A worker reads and updates every variable with its own calls to the PS: a step over six variables
+    pays five times the measured per-variable cost more than one over a single variable."""
+    hw = Hardware(
+        nodes=1,
+        bandwidth=2e9,
+        local_bandwidth=2e9,
+        ps_overhead_s=0.002,
+        ps_per_variable_s=0.001,
+        ps_dispatch_s=0.001,
+    )
+    one = Measured(step_s=0.005, batch=64, var_bytes=(4096,))
+    six = Measured(step_s=0.005, batch=64, var_bytes=(4096 // 6,) * 6)
+    p1, p6 = advisor.predict_ps(one, hw, 1, 1), advisor.predict_ps(six, hw, 1, 1)
+    assert p6.phases["overhead"] == pytest.approx(0.002 + 5 * 0.001)
+    assert 1 / p6.steps_per_s - 1 / p1.steps_per_s == pytest.approx(0.005, rel=0.05)
+    assert advisor.with_costs(Hardware(), {"ps_per_variable_s": 0.0007}).ps_per_variable_s == 0.0007
+    assert "ps_per_variable_s" in advisor.with_costs(Hardware(), {"ps_per_variable_s": 0.0007}).measured
+    # a job on other machines (Kubernetes) does not take this machine's latency
+    assert advisor.with_costs(Hardware(), {"ps_per_variable_s": 0.0007}, local=False).ps_per_variable_s == 0.0
+
+
 @pytest.mark.parametrize(
     ("text", "value"),
     [("10Gbps", 1.25e9), ("25 gbit", 25 * GBIT), ("1.5GB/s", 1.5e9), ("800MB/s", 8e8), ("1e9", 1e9)],
