@@ -24,8 +24,9 @@ The model (docs/users.md, "How `%tfdist plan` predicts"):
   each take the cell's batch. Layouts are compared by examples/s, so by time to the same epochs; steps/s
   are always steps of the cell's batch.
 * Workers of a local CPU job share the server's cores: their compute time-slices (a GPU is one worker's).
-* A fixed cost per step for dispatch and RPC latency (PS: the coordinator schedules each step as a
-  closure; all-reduce: collective launch). `%tfdist plan` measures them where it runs (the probe,
+* A fixed cost per step for dispatch and RPC latency (PS: the coordinator schedules each step through
+  Keras's fit loop as a closure, and a worker's step makes remote calls per variable; all-reduce: Keras's
+  fit loop and the collective's launch). `%tfdist plan` measures them where it runs (the probe,
   `tfdist.runtime.probe`); `with_costs` puts them in, and `Hardware.measured` says
   which were measured. The constants below are the fallback, from this project's CI machine.
 """
