@@ -194,7 +194,7 @@ def costs_text(hw: advisor.Hardware, error: str) -> str:
         "ps_per_variable_s": ("per further variable", "ms"),
         "ps_dispatch_s": ("coordinator dispatch", "ms"),
         "ps_dispatch_per_ps_s": ("dispatch per extra PS", "ms"),
-        "allreduce_overhead_s": ("all-reduce launch", "ms"),
+        "allreduce_overhead_s": ("all-reduce step (fit loop, collective)", "ms"),
         "allreduce_bandwidth": ("all-reduce rate", "GB/s"),
         "link_bandwidth": ("PS link rate", "GB/s"),
     }

@@ -59,7 +59,8 @@ def test_plan_cell_measures_and_recommends(tf_kernel):
     assert "recommended: %%tfdist run " in text and "why: " in text
     assert {"text/html", "image/png"} <= r.mimetypes()
     # what was measured here and what assumed, and each layout's batch as it will run
-    assert "measured here: model step, PS step round trip" in text and "all-reduce launch" in text, text
+    assert "measured here: model step, PS step round trip" in text, text
+    assert "all-reduce step (fit loop, collective)" in text and "per further variable" in text, text
     assert "assumed: " in text
     assert row(text, "2 workers, 1 PS")[:3] == ["64", "x", "2"]
     assert row(text, "all-reduce, 2 workers")[:3] == ["32", "x", "2"]  # the cell's 64, split

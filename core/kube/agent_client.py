@@ -107,6 +107,10 @@ class AgentClient:
         while True:
             try:
                 return await self._once(method, path, body, timeout)
+            except RuntimeError:  # aiohttp's "Session is closed": closed between taking it and using it
+                if self._closed:
+                    await self._http()  # raises AgentClosed
+                raise
             except (aiohttp.ClientError, ConnectionError, TimeoutError, OSError) as exc:
                 if self._closed:  # the poll this close cut short: not the network's fault, not retried
                     await self._http()  # raises, with the reason
