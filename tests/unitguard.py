@@ -28,6 +28,7 @@ import pytest
 UNIT_MODULES = frozenset(
     {
         "test_advisor",
+        "test_submit_checks",
         "test_advisor_choice",
         "test_agent_log",
         "test_build_images_cache",

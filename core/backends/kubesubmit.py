@@ -300,11 +300,14 @@ class KubeSubmit:
 
 
 async def first_refusal(*checks: Coroutine[Any, Any, None]) -> None:
-    """Run `checks` together; the first to raise cancels the others (a quota wait, say) and is raised."""
+    """Run `checks` together and raise the refusal of the first in their order that refuses: a refusal
+    waits only for the checks before it, and cancels those after it (a quota wait, say). Where several
+    refuse the same job (a queue and a quota both too small), the sentence is the same on every run, not
+    whichever answer came back first."""
     tasks = [asyncio.ensure_future(c) for c in checks]
     try:
-        for done in asyncio.as_completed(tasks):
-            await done
+        for task in tasks:
+            await task
     finally:
         for t in tasks:
             t.cancel()
