@@ -123,6 +123,11 @@ def test_tiny_model_is_bound_by_the_coordinators_dispatch():
     assert p.steps_per_s == pytest.approx(1 / (advisor.PS_DISPATCH_S + advisor.PS_DISPATCH_PER_EXTRA_PS_S))
 
 
+def loopback(**costs: float) -> Hardware:
+    """One machine whose tasks talk over loopback gRPC (2 GB/s), with the fixed costs given."""
+    return Hardware(nodes=1, bandwidth=2e9, local_bandwidth=2e9, **costs)
+
+
 def test_an_embeddings_sparse_gradient_moves_only_its_rows():
     """A 12.8 MB embedding table whose batch touches 1,024 rows (64 x 16 ids): the step moves 256 kB
     (the probe's `step_bytes`), so two workers are not held to the table's bytes through the PS; counted
@@ -133,14 +138,8 @@ def test_an_embeddings_sparse_gradient_moves_only_its_rows():
     sparse = Measured(
         step_s=0.002, batch=64, var_bytes=(table, *dense), cores_used=1.0, step_bytes=(rows, *dense)
     )
-    hw = Hardware(
-        nodes=1,
-        shared_cpu_cores=2,
-        bandwidth=2e9,
-        local_bandwidth=2e9,
-        ps_dispatch_s=0.0023,
-        ps_overhead_s=0.0027,
-    )  # the fixed costs a quiet 2-core machine measured (benchmarks/results/advisor.json)
+    # the fixed costs a quiet 2-core machine measured (benchmarks/results/advisor.json)
+    hw = loopback(shared_cpu_cores=2, ps_dispatch_s=0.0023, ps_overhead_s=0.0027)
     assert advisor.predict_ps(whole, hw, 2, 1).bound == "PS bandwidth"
     p = advisor.predict_ps(sparse, hw, 2, 1)
     assert p.bound != "PS bandwidth" and p.phases["pull"] == pytest.approx((rows + sum(dense)) * 2 / 2e9)
@@ -153,14 +152,7 @@ def test_an_embeddings_sparse_gradient_moves_only_its_rows():
 def test_each_variable_of_a_ps_step_costs_its_remote_calls():
     """A worker reads and updates every variable with its own calls to the PS: a step over six variables
     pays five times the measured per-variable cost more than one over a single variable."""
-    hw = Hardware(
-        nodes=1,
-        bandwidth=2e9,
-        local_bandwidth=2e9,
-        ps_overhead_s=0.002,
-        ps_per_variable_s=0.001,
-        ps_dispatch_s=0.001,
-    )
+    hw = loopback(ps_overhead_s=0.002, ps_per_variable_s=0.001, ps_dispatch_s=0.001)
     one = Measured(step_s=0.005, batch=64, var_bytes=(4096,))
     six = Measured(step_s=0.005, batch=64, var_bytes=(4096 // 6,) * 6)
     p1, p6 = advisor.predict_ps(one, hw, 1, 1), advisor.predict_ps(six, hw, 1, 1)
