@@ -182,6 +182,9 @@ async def test_place_in_line_counts_the_other_users_pending_jobs(kv):
         await until("ann's first job admitted", lambda: ql.is_admitted(workload(kv, ANN, "first") or {}), 90)
         await a.submit(eight_gpus("second", ANN), b"p", Launch())
         await until("ann's second job pending", lambda: pending(kv, ANN, "second"), 90)
+        # Kueue orders a queue by the Workloads' creation time in whole seconds (the same second: any
+        # order; CI on c2bf044 put Bob's first), so Bob submits in a later second than Ann's Workload
+        await asyncio.sleep(1.1)
         await b.submit(eight_gpus("late", BOB), b"p", Launch())
         await until("bob's job pending", lambda: pending(kv, BOB, "late"), 90)
 
