@@ -18,6 +18,7 @@ job's strategy as the bare file builds it under its own).
 
 Measured from the cell's start (bare: LAUNCH_T0, when the benchmark creates the first object) to:
   k8s_scheduled / k8s_running  every pod bound to the node / every container running (API polled 0.2 s)
+  k8s_serving  tfdist: every PS/worker pod's TF server serving (its log line, polled: ~0.3 s late at most)
   tf_imported  bare: the last pod's TensorFlow imported (bare_pods.WRAPPER's marks)
   payload      tfdist: the payload handed to the coordinator pod's agent
   coordinator  tfdist: the coordinator process started with the payload
@@ -146,23 +147,37 @@ def phases(events: list[tuple[float, dict]], t0: float) -> dict[str, float | Non
 
 
 class PodClock(threading.Thread):
-    """When (host time) every pod of a job was bound to the node, and every container running."""
+    """When (host time) every pod of a job was bound to the node, every container running, and every
+    PS/worker pod's TF server serving (its log's "serving at" line, polled: ~0.3 s resolution)."""
 
-    def __init__(self, pods: Callable[[], list[dict]], n: int):
+    def __init__(self, pods: Callable[[], list[dict]], n: int, logs: Callable[[str], str], servers: int):
         super().__init__(daemon=True)
-        self.pods, self.n = pods, n
+        self.pods, self.n, self.logs, self.servers = pods, n, logs, servers
         self.times: dict[str, float] = {}
+        self.serving: set[str] = set()
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.is_set() and "running" not in self.times:
+        while not self.stop.is_set() and "serving" not in self.times:
             now = time.time()
             pods = self.pods()
             if len(pods) >= self.n:
                 if "scheduled" not in self.times and all(p["spec"].get("nodeName") for p in pods):
                     self.times["scheduled"] = now
-                if all((p.get("status") or {}).get("phase") == "Running" for p in pods):
+                if "running" not in self.times and all(
+                    (p.get("status") or {}).get("phase") == "Running" for p in pods
+                ):
                     self.times["running"] = now
+                for p in pods:
+                    name = p["metadata"]["name"]
+                    if name not in self.serving and (p.get("status") or {}).get("phase") == "Running":
+                        try:
+                            if " serving at " in (self.logs(name) or ""):
+                                self.serving.add(name)
+                        except Exception:
+                            pass
+                if len(self.serving) >= self.servers:
+                    self.times["serving"] = time.time()
             time.sleep(0.2)
 
 
@@ -313,7 +328,12 @@ def main() -> int:
             for i in range(args.repeat):
                 loads.append([round(x, 2) for x in __import__("os").getloadavg()])
                 name = f"bench-{i}"
-                clock = PodClock(lambda n=name: job_pods(cluster, tenant.namespace, n), 1 + WORKERS + PS)
+                clock = PodClock(
+                    lambda n=name: job_pods(cluster, tenant.namespace, n),
+                    1 + WORKERS + PS,
+                    lambda pod: cluster.logs(tenant.namespace, pod),
+                    WORKERS + PS,
+                )
                 results["kubernetes"].append(run_tfdist(k, cell(name), clock))
                 wait_gone(cluster, tenant.namespace, name, 120)
                 results["bare"].append(run_bare(cluster, bare_ns, f"bare-{i}", image, files))

@@ -10,7 +10,6 @@ cell again, as one more MultiWorkerMirroredStrategy replica; chief-0 is replica 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -21,14 +20,13 @@ import tempfile
 import time
 from typing import Any
 
-from ..job import signing
-from ..job.events import ProgressEvent, StateEvent, error_info, to_wire
+# Only light imports here: every pod starts with this module under its CPU limit, and a server pod's
+# TensorFlow server waits for nothing else (the event records, pydantic and aiohttp come once it serves)
 from ..settings import ENV_EVENTS_FD, ENV_TASK, ENV_TOKEN, SettingsError, TaskSettings
-from . import events as wire
 from .deathsig import die_with_parent
-from .outcome import coordinator_outcome
 
 ORPHAN_AFTER_S = 30.0  # a server whose agent is unreachable this long ends itself
+SERVING_WAIT_S = 300.0  # a server not serving by then is sampled and watched anyway
 TERMINATED = 143  # 128 + SIGTERM: a pod ended by the cluster has failed, whatever it was doing
 ENV_GATE_FD = "_TFDIST_PAYLOAD_GATE_FD"  # run_gated_coordinator reads its go from this pipe
 
@@ -49,7 +47,9 @@ def run_chief() -> int:
 
     watch = PsWatch.from_env(jobdir, lambda _ev: None)  # only its environment: _run_coordinator follows
     early = _start_coordinator(jobdir, watch.coordinator_env() if watch else {}, gated=True)
+    from ..job.events import ProgressEvent, StateEvent, error_info, to_wire
     from .agent import AgentState, serve, wait_until
+    from .outcome import coordinator_outcome
 
     state = AgentState(jobdir, token)
     srv = serve(state, port)
@@ -161,6 +161,7 @@ def _run_coordinator(state: Any, jobdir: str, early: _Coordinator | None = None)
     """The coordinator subprocess, its events into the agent's log; with --checkpoint-every, started again
     after a lost PS came back (tfdist.runtime.pspod), resuming from its checkpoint. `early`: the first one,
     started gated before the payload came (with the same checkpoint environment)."""
+    from . import events as wire
     from .pspod import PsWatch
 
     watch = PsWatch.from_env(jobdir, state.log.add)
@@ -193,6 +194,8 @@ class _AgentLink:
     code around its TF server."""
 
     def __init__(self, url: str, token: str):
+        import asyncio
+
         self.url, self._token = url.rstrip("/"), token
         self._loop = asyncio.new_event_loop()
         self._session: Any = None
@@ -225,6 +228,8 @@ class _AgentLink:
     def post(self, path: str, body: bytes, timeout: float = 5.0) -> None:
         async def send() -> None:
             import aiohttp
+
+            from ..job import signing
 
             auth, _ = signing.sign_request(self._token, "POST", path, signing.digest(body))
             session = await self._http()
@@ -260,6 +265,30 @@ def pod_sampler(task: str, pid: int) -> Any:
     return sampler
 
 
+def _own_port() -> int | None:
+    """This task's port in TF_CONFIG (its server listens on every interface), or None without one."""
+    try:
+        cfg = json.loads(os.environ["TF_CONFIG"])
+        task = cfg["task"]
+        return int(cfg["cluster"][task["type"]][int(task["index"])].rpartition(":")[2])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def wait_serving(proc: subprocess.Popen, port: int | None, timeout: float, every: float = 0.2) -> bool:
+    """Until the server process accepts connections on ``port`` (True), ends, or ``timeout`` passes."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while port is not None and proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return True
+        except OSError:
+            time.sleep(every)
+    return False
+
+
 def run_server(role: str) -> int:
     ts = TaskSettings()
     url, token, task = ts.agent_url, ts.token or "", ts.task or role
@@ -267,6 +296,11 @@ def run_server(role: str) -> int:
     # As a container's PID 1 this process ignores SIGTERM unless it handles it: end the server with it,
     # and fail (a pod deleted mid-fit that exited 0 would count as a finished index: no replacement).
     signal.signal(signal.SIGTERM, lambda *_: (proc.kill(), os._exit(TERMINATED)))
+    # the pod's CPU goes to TensorFlow's import until the server serves (the coordinator connects only
+    # then): the sampler, the agent link and their imports start after it, not beside it
+    wait_serving(proc, _own_port(), SERVING_WAIT_S)
+    from . import events as wire
+
     sampler = pod_sampler(task, proc.pid)
     started = last_ok = time.time()
     seen = False
