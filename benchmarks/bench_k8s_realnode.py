@@ -150,7 +150,13 @@ class PodClock(threading.Thread):
     """When (host time) every pod of a job was bound to the node, every container running, and every
     PS/worker pod's TF server serving (its log's "serving at" line, polled: ~0.3 s resolution)."""
 
-    def __init__(self, pods: Callable[[], list[dict]], n: int, logs: Callable[[str], str], servers: int):
+    def __init__(
+        self,
+        pods: Callable[[], list[dict]],
+        n: int,
+        logs: Callable[[str], str] | None = None,
+        servers: int = 0,
+    ):
         super().__init__(daemon=True)
         self.pods, self.n, self.logs, self.servers = pods, n, logs, servers
         self.times: dict[str, float] = {}
@@ -158,7 +164,8 @@ class PodClock(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.is_set() and "serving" not in self.times:
+        done = "serving" if self.logs is not None else "running"
+        while not self.stop.is_set() and done not in self.times:
             now = time.time()
             pods = self.pods()
             if len(pods) >= self.n:
@@ -168,7 +175,7 @@ class PodClock(threading.Thread):
                     (p.get("status") or {}).get("phase") == "Running" for p in pods
                 ):
                     self.times["running"] = now
-                for p in pods:
+                for p in pods if self.logs is not None else []:
                     name = p["metadata"]["name"]
                     if name not in self.serving and (p.get("status") or {}).get("phase") == "Running":
                         try:
@@ -176,7 +183,7 @@ class PodClock(threading.Thread):
                                 self.serving.add(name)
                         except Exception:
                             pass
-                if len(self.serving) >= self.servers:
+                if self.logs is not None and len(self.serving) >= self.servers:
                     self.times["serving"] = time.time()
             time.sleep(0.2)
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
+from tests.browser_net import quiet_chromium
 from tests.hub_fixtures import RunningHub, start_hub
 
 pytestmark = pytest.mark.browser
@@ -65,9 +67,9 @@ def test_form_in_chromium(hub: RunningHub) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
+    with sync_playwright() as pw, quiet_chromium(urlsplit(hub.url).port) as chromium:
         browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
+            executable_path=chromium,
             headless=True,
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )

@@ -20,10 +20,12 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import requests
 
+from tests.browser_net import quiet_chromium
 from tests.hub_fixtures import DOUBLES, RunningHub, start_hub
 
 PROFILES = """
@@ -210,7 +212,7 @@ def test_admin_page_shows_servers_live_and_refuses_non_admins(hub: RunningHub, n
     """Runs after the culling test: worker (busy GPU), trainer (job) and cpuuser are still up."""
     from playwright.sync_api import expect, sync_playwright
 
-    from tests.test_lab_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+    from tests.test_lab_browser import ARTIFACTS, CHROMIUM_ARGS
 
     page_url = f"{hub.url}/services/tfdist-gpu-admin/"
     # a user who is not a hub admin: refused, whether through the hub's OAuth or the page's own check
@@ -222,8 +224,8 @@ def test_admin_page_shows_servers_live_and_refuses_non_admins(hub: RunningHub, n
     assert r.status_code in (302, 403) and "DCGM" not in r.text
 
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    with sync_playwright() as pw, quiet_chromium(urlsplit(hub.url).port) as chromium:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 700})
             page.goto(f"{hub.url}/hub/login")

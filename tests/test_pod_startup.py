@@ -70,3 +70,27 @@ def test_a_server_pod_knows_its_own_port_from_tf_config(monkeypatch):
     assert podmain._own_port() == 2223
     monkeypatch.setenv("TF_CONFIG", "{}")
     assert podmain._own_port() is None
+
+
+def test_the_collector_is_paused_for_the_import_and_restored_as_it_was():
+    import gc
+
+    from tfdist.runtime.importing import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
+    try:
+        with collector_paused():
+            raise KeyError("an import that fails")
+    except KeyError:
+        pass
+    assert gc.isenabled()

@@ -43,13 +43,16 @@ def run_chief() -> int:
     jobdir = tempfile.mkdtemp(prefix="tfdist-job-")
     # The coordinator starts first, gated: TensorFlow loads while the agent starts and the notebook sends
     # the payload (after the payload, that import took 3-4 s of a 0.45-core pod's path to the first epoch)
-    from .pspod import PsWatch
+    from .importing import collector_paused
 
-    watch = PsWatch.from_env(jobdir, lambda _ev: None)  # only its environment: _run_coordinator follows
-    early = _start_coordinator(jobdir, watch.coordinator_env() if watch else {}, gated=True)
-    from ..job.events import ProgressEvent, StateEvent, error_info, to_wire
-    from .agent import AgentState, serve, wait_until
-    from .outcome import coordinator_outcome
+    with collector_paused():  # this pod's CPU is the coordinator's import's too
+        from .pspod import PsWatch
+
+        watch = PsWatch.from_env(jobdir, lambda _ev: None)  # only its environment: _run_coordinator follows
+        early = _start_coordinator(jobdir, watch.coordinator_env() if watch else {}, gated=True)
+        from ..job.events import ProgressEvent, StateEvent, error_info, to_wire
+        from .agent import AgentState, serve, wait_until
+        from .outcome import coordinator_outcome
 
     state = AgentState(jobdir, token)
     srv = serve(state, port)
@@ -143,13 +146,17 @@ def run_gated_coordinator(jobdir: str) -> int:
     from ..taskenv import ensure_threads
 
     ensure_threads()
-    import cloudpickle  # noqa: F401
-    import tensorflow  # noqa: F401
+    from .importing import collector_paused
 
-    with contextlib.suppress(ImportError):  # tf.keras under TF_USE_LEGACY_KERAS
-        import tf_keras  # noqa: F401
-    from .. import payload  # noqa: F401
-    from . import coordinator, strategy  # noqa: F401
+    with collector_paused():
+        import cloudpickle  # noqa: F401
+        import tensorflow  # noqa: F401
+
+        with contextlib.suppress(ImportError):  # tf.keras under TF_USE_LEGACY_KERAS
+            import tf_keras  # noqa: F401
+        from .. import payload  # noqa: F401
+        from ..job import events  # noqa: F401  (the coordinator's first progress event)
+        from . import coordinator, strategy  # noqa: F401
 
     with os.fdopen(gate, "rb") as f:
         if f.read(1) != b"1":

@@ -20,7 +20,10 @@ def main() -> int:
     cfg = json.loads(os.environ["TF_CONFIG"])
     task = cfg["task"]
     # No Python SIGTERM handler: server.join() blocks in C++, so only the default action ends it at once.
-    import tensorflow as tf
+    from tfdist.runtime.importing import collector_paused
+
+    with collector_paused():
+        import tensorflow as tf
 
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cfg["cluster"]),
