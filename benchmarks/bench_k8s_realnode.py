@@ -287,8 +287,8 @@ def median(rows: list[dict], key: str) -> float | None:
 
 
 def summarize(results: dict[str, list[dict]]) -> dict[str, Any]:
-    keys = ["k8s_scheduled", "k8s_running", "tf_imported", "payload", "coordinator", "servers", "fit_start",
-            "first_step", "epoch_1", "steps_per_s", "cell"]  # fmt: skip
+    keys = ["k8s_scheduled", "k8s_running", "k8s_serving", "tf_imported", "payload", "coordinator", "servers",
+            "fit_start", "first_step", "epoch_1", "steps_per_s", "cell"]  # fmt: skip
     med = {way: {k: v for k in keys if (v := median(rows, k)) is not None} for way, rows in results.items()}
 
     def ratio(a: str, b: str, key: str) -> float | None:

@@ -284,15 +284,13 @@ def _own_port() -> int | None:
 
 def wait_serving(proc: subprocess.Popen, port: int | None, timeout: float, every: float = 0.2) -> bool:
     """Until the server process accepts connections on ``port`` (True), ends, or ``timeout`` passes."""
-    import socket
+    from .ports import answers
 
     deadline = time.monotonic() + timeout
     while port is not None and proc.poll() is None and time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-                return True
-        except OSError:
-            time.sleep(every)
+        if answers("127.0.0.1", port):
+            return True
+        time.sleep(every)
     return False
 
 

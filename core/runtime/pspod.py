@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -25,6 +24,7 @@ from ..job.events import ErrorInfo, LogEvent, TaskEvent, to_wire
 from ..job.vocab import FailureKind
 from ..settings import TaskSettings
 from . import psrecovery, psrestart
+from .ports import answers
 
 PROBE_EVERY_S = 1.0
 LOST_AFTER = 2  # consecutive failed probes of a PS that answered before
@@ -37,15 +37,6 @@ CUT_OFF_PAUSE_S = 10.0
 
 Emit = Callable[[dict[str, Any]], None]
 Probe = Callable[[str, int], bool]
-
-
-def answers(host: str, port: int, timeout: float = 1.0) -> bool:
-    """Does a TF server listen at host:port (DNS resolves and a TCP connect succeeds)?"""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def ps_addresses(cluster: dict[str, list[str]]) -> dict[str, tuple[str, int]]:
