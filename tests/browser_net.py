@@ -21,6 +21,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
@@ -108,10 +109,19 @@ class QuietNetwork:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+def loopback_port(url: str) -> int:
+    """The port of a loopback URL (the hubs and servers the browser tests start); others cannot be relayed."""
+    parts = urlsplit(url)
+    if parts.hostname != "127.0.0.1" or parts.port is None:
+        raise ValueError(f"{url}: only 127.0.0.1 with a port is relayed into the browser's namespace")
+    return parts.port
+
+
 @contextlib.contextmanager
-def quiet_chromium(*ports: int) -> Iterator[str]:
-    """The Chromium executable for playwright's `launch(executable_path=...)`: in a namespace of its own
-    with ``ports`` relayed where this runs as root, else plain Chromium."""
+def quiet_chromium(*urls: str) -> Iterator[str]:
+    """The Chromium executable for playwright's `launch(executable_path=...)`: in a namespace of its own,
+    the ports of ``urls`` (loopback) relayed, where this runs as root; else plain Chromium."""
+    ports = [loopback_port(u) for u in urls]
     if os.geteuid() != 0:
         yield CHROMIUM
         return

@@ -100,5 +100,5 @@ def test_the_browser_tests_chromium_keeps_its_requests_while_the_host_network_ch
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (scripts/test does this)")
     plain = _load(CHROMIUM, slow_server)  # what the tests met before: "Failed to fetch" in JupyterLab
     assert len(plain) == FETCHES and any("Failed to fetch" in r for r in plain), plain
-    with quiet_chromium(slow_server) as chromium:
+    with quiet_chromium(f"http://127.0.0.1:{slow_server}/") as chromium:
         assert _load(chromium, slow_server) == ["ok"] * FETCHES

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -67,7 +66,7 @@ def test_form_in_chromium(hub: RunningHub) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw, quiet_chromium(urlsplit(hub.url).port) as chromium:
+    with sync_playwright() as pw, quiet_chromium(hub.url) as chromium:
         browser = pw.chromium.launch(
             executable_path=chromium,
             headless=True,

@@ -20,7 +20,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -224,7 +223,7 @@ def test_admin_page_shows_servers_live_and_refuses_non_admins(hub: RunningHub, n
     assert r.status_code in (302, 403) and "DCGM" not in r.text
 
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw, quiet_chromium(urlsplit(hub.url).port) as chromium:
+    with sync_playwright() as pw, quiet_chromium(hub.url) as chromium:
         browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 700})

@@ -24,7 +24,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -273,7 +272,7 @@ def test_panel_shows_stops_and_escapes_jobs_in_chromium(lab: Lab) -> None:
         assert nbk.outcome(nbk.execute(SETUP), 120)[1] is None
         run_id = nbk.execute(JOB_CELL)  # runs until the job ends: the panel's Stop ends it
 
-        with sync_playwright() as pw, quiet_chromium(urlsplit(lab.url).port) as chromium:
+        with sync_playwright() as pw, quiet_chromium(lab.url) as chromium:
             browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport={"width": 1280, "height": 800})

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -39,7 +38,7 @@ def test_hub_notice_shows_as_a_lab_notification_and_goes_away(lab: Lab) -> None:
     assert bad == {"notice": None}
     msg = f"Your server's GPUs have been idle. The hub will stop this server soon. {HOSTILE}"
     lab.api("tfdist/api/notice", "POST", {"message": msg, "cull_at": time.time() + 600})
-    with sync_playwright() as pw, quiet_chromium(urlsplit(lab.url).port) as chromium:
+    with sync_playwright() as pw, quiet_chromium(lab.url) as chromium:
         browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})

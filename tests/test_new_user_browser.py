@@ -18,7 +18,6 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -168,11 +167,9 @@ def test_a_new_user_from_login_to_the_jobs_panel(hub: LocalHubCommand) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     gpus = _machine_has_gpus()
-    port = urlsplit(hub.url).port
-    assert port is not None, hub.url
     # Chromium apart from the real node's interface churn (tests/browser_net.py: CI on 6022d26 lost the
     # kernel's websocket to net::ERR_NETWORK_CHANGED)
-    with sync_playwright() as pw, quiet_chromium(port) as chromium:
+    with sync_playwright() as pw, quiet_chromium(hub.url) as chromium:
         browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
