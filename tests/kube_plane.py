@@ -518,13 +518,20 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ tiny REST client (stdlib)
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0):
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        timeout: float = 10.0,
+        content_type: str = "application/json",
+    ):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.server + path, data=data, method=method)
         req.add_header("Authorization", f"Bearer {self.token}")
         req.add_header("Accept", "application/json")
         if data is not None:
-            req.add_header("Content-Type", "application/json")
+            req.add_header("Content-Type", content_type)
         with urllib.request.urlopen(req, context=self._ssl, timeout=timeout) as resp:
             raw = resp.read()
         return json.loads(raw) if raw[:1] == b"{" else raw.decode()

@@ -1373,23 +1373,18 @@ def _running_api(state: dict) -> kube_plane.ControlPlane:
 
 
 def apply_admission_policy(c: kube_plane.ControlPlane) -> None:
-    """hub_config/admission-policy.yaml, created or replaced (as `kubectl apply` would): without it a user
-    namespace's policy parameters bind nothing."""
+    """hub_config/admission-policy.yaml, applied server-side (as `kubectl apply --server-side` would):
+    without it a user namespace's policy parameters bind nothing. Server-side apply has no
+    read-modify-write, so two `cluster user` runs at once (two tests on two workers) do not conflict,
+    where a GET then PUT lost the race with 409 Conflict in CI."""
     for doc in yaml.safe_load_all(ADMISSION_POLICY.read_text()):
         if not doc:
             continue
         plural = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies"}.get(
             doc["kind"], "validatingadmissionpolicybindings"
         )
-        try:
-            c.request("POST", _VAP + plural, doc)
-        except urllib.error.HTTPError as e:
-            if e.code != 409:
-                raise
-            item = f"{_VAP}{plural}/{doc['metadata']['name']}"
-            live = c.request("GET", item)
-            doc["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-            c.request("PUT", item, doc)
+        item = f"{_VAP}{plural}/{doc['metadata']['name']}?fieldManager=tfdist-cluster&force=true"
+        c.request("PATCH", item, doc, content_type="application/apply-patch+yaml")
 
 
 def user(name: str) -> str:
