@@ -122,6 +122,12 @@ class Prediction:
     detail: str = ""
     phases: dict[str, float] = field(default_factory=dict)
     replica_batch: int = 0  # examples one worker computes per step (PS: the cell's; all-reduce: split)
+    tried: bool = False  # the numbers are the layout's own trial here, not the model's sum of costs
+
+    @property
+    def key(self) -> str:
+        """The layout as `tfdist.runtime.probetrials` names it: 2x1 (workers x PS), ar2 (all-reduce)."""
+        return f"ar{self.workers}" if self.strategy == "allreduce" else f"{self.workers}x{max(1, self.ps)}"
 
     def train_s(self, epochs: int | None) -> float | None:
         """Time to train `epochs` epochs (every layout sees the same examples per epoch)."""
@@ -293,6 +299,14 @@ def plan(m: Measured, hw: Hardware, workers: int | None = None, split: bool = Fa
     preds += [predict_ps(m, hw, n, k) for k in ps_counts(n, len(m.var_bytes))]
     preds.append(predict_allreduce(m, hw, n, split))
     return preds
+
+
+def tried(p: Prediction, m: Measured, pace_s: float) -> Prediction:
+    """`p` with the pace of its layout's trial on this machine (`tfdist.runtime.probetrials`): a step of
+    the cell's batch every `pace_s`, its epochs' ends included (every layout's step is of the cell's
+    batch: PS workers each take it, all-reduce splits it); the bound and why stay the model's reading."""
+    steps = 1 / max(pace_s, 1e-6)
+    return replace(p, steps_per_s=steps, examples_per_s=steps * m.batch, epoch_s=_epoch(m, steps), tried=True)
 
 
 COSTS = (

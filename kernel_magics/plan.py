@@ -32,7 +32,8 @@ from ..taskenv import thread_env, usable_cores
 from . import args as margs
 from .fitcheck import check_compiled, check_fits
 
-PROBE_TIMEOUT_S = 180.0
+PROBE_TIMEOUT_S = 360.0  # the model's timing, the fixed costs and up to four layouts' trials
+MAX_TRIED_WORKERS = 4  # beyond this a local CPU plan is not tried layout by layout: too many processes
 
 
 @dataclass
@@ -56,6 +57,12 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", default=None, help="network bandwidth per node, e.g. 10Gbps, 25gbit")
     p.add_argument("--backend", default=None, help="local or kubernetes (default: this server's)")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="for the epoch time")
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="local CPU: predict from the measured fixed costs alone, without trying each layout's fit "
+        "(faster; Kubernetes and GPU plans always do)",
+    )
     return p
 
 
@@ -149,7 +156,16 @@ def hardware(opts: argparse.Namespace, settings: Any) -> tuple[advisor.Hardware,
     return hw, opts.workers or hw.devices
 
 
-def measure(shell: Any, fit: FitCall, split: int) -> ProbeResult:
+def trial_layouts(hw: advisor.Hardware, workers: int, estimate: bool) -> list[str]:
+    """The layouts a local CPU plan tries (`tfdist.runtime.probetrials`): on shared cores a layout's pace
+    is what its processes leave each other, which no sum of fixed costs predicts. None on GPUs or a
+    cluster (the probe runs here, not there), nor with --estimate."""
+    if estimate or hw.shared_cpu_cores is None or hw.nodes != 1 or workers > MAX_TRIED_WORKERS:
+        return []
+    return ["1x1", *(f"{workers}x{k}" for k in advisor.ps_counts(workers, workers)), f"ar{workers}"]
+
+
+def measure(shell: Any, fit: FitCall, split: int, trials: list[str] | None = None) -> ProbeResult:
     """The probe's measurement of the fit, in a subprocess with this server's thread pools."""
     try:
         blob = payload.pack(fit.source, fit.reads, shell.user_ns, line_offset=fit.line_offset)
@@ -164,7 +180,15 @@ def measure(shell: Any, fit: FitCall, split: int) -> ProbeResult:
         env |= thread_env(None, usable_cores())
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "tfdist.runtime.probe", bundle, out, str(split)],
+                [
+                    sys.executable,
+                    "-m",
+                    "tfdist.runtime.probe",
+                    bundle,
+                    out,
+                    str(split),
+                    ",".join(trials or []),
+                ],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -185,6 +209,23 @@ def measure(shell: Any, fit: FitCall, split: int) -> ProbeResult:
     got = ProbeResult(**result)
     got.split_step_s = [(int(b), float(t)) for b, t in got.split_step_s]
     return got
+
+
+def trials_text(got: ProbeResult) -> str:
+    """What the layouts' trials took here, and which had none (why)."""
+    if not (got.trials or got.trial_errors):
+        return ""
+    first = next(iter(got.trials.values()), {})
+    out = "tried here: "
+    if got.trials:
+        shape = f"{len(first.get('epochs_s') or ())} epochs of {first.get('steps')} steps"
+        out += f"each layout's fit for {shape} (" + ", ".join(
+            f"{k} {t['pace_s'] * 1000:.1f} ms/step" for k, t in got.trials.items()
+        )
+        out += "); the table's numbers for those layouts are their pace here"
+    if got.trial_errors:
+        out += "; no trial, so from the costs: " + "; ".join(f"{k}: {e}" for k, e in got.trial_errors.items())
+    return out + "\n"
 
 
 def costs_text(hw: advisor.Hardware, error: str) -> str:
@@ -275,7 +316,7 @@ def plan(magics: Any, argv: list[str], cell: str | None) -> None:
             )
         fit = line_fit(magics.shell, opts.model, opts.data)
     hw, workers = hardware(opts, magics.settings)
-    got = measure(magics.shell, fit, workers)
+    got = measure(magics.shell, fit, workers, trial_layouts(hw, workers, opts.estimate))
     hw = advisor.with_costs(hw, got.costs, local=(opts.backend or magics.settings.backend) == "local")
     m = advisor.Measured(
         step_s=got.step_s,
@@ -289,6 +330,7 @@ def plan(magics: Any, argv: list[str], cell: str | None) -> None:
         step_bytes=tuple(got.step_bytes),
     )
     preds = advisor.plan(m, hw, workers, split=True)  # the cell runs as written: all-reduce splits its batch
+    preds = [advisor.tried(p, m, got.trials[p.key]["pace_s"]) if p.key in got.trials else p for p in preds]
     best, why = advisor.recommend(preds)
     shards = advisor.shard(m.var_bytes, max(p.ps for p in preds))
     summary = (
@@ -306,7 +348,8 @@ def plan(magics: Any, argv: list[str], cell: str | None) -> None:
         "batch: PS workers each take the cell's batch; all-reduce splits it over the workers "
         "(the dataset's batch is the global one)"
     )
-    text = f"{summary}\nplanned for {workers} workers on {where}\n{costs_text(hw, got.costs_error)}\n"
+    text = f"{summary}\nplanned for {workers} workers on {where}\n{trials_text(got)}"
+    text += f"{costs_text(hw, got.costs_error)}\n"
     text += f"{semantics}\n\n{table_text(preds, m.epochs)}\n\n"
     text += f"recommended: {best.run_line()}\nwhy: {why}"
     print(text)

@@ -176,3 +176,30 @@ def test_bandwidth_units(text, value):
 def test_bad_bandwidth_is_refused(text):
     with pytest.raises(ValueError, match="bandwidth"):
         advisor.parse_bandwidth(text)
+
+
+def test_a_tried_layout_takes_its_trials_pace_and_keeps_the_models_reading():
+    """A local CPU plan's rows are each layout's trial here: a step of the cell's batch every pace, for
+    PS and all-reduce alike (all-reduce splits that batch), over the fit's own epoch."""
+    m = Measured(step_s=0.001, batch=64, var_bytes=(16384, 256, 2560, 40), steps_per_epoch=200)
+    hw = Hardware(nodes=1, bandwidth=2e9, local_bandwidth=2e9, shared_cpu_cores=2)
+    preds = advisor.plan(m, hw, 2, split=True)
+    assert [p.key for p in preds] == ["1x1", "2x1", "2x2", "ar2"]
+    paces = {"1x1": 0.008, "2x1": 0.005, "2x2": 0.009, "ar2": 0.010}
+    tried = [advisor.tried(p, m, paces[p.key]) for p in preds]
+    for before, after in zip(preds, tried, strict=True):
+        assert after.tried and not before.tried
+        assert after.examples_per_s == pytest.approx(64 / paces[before.key])
+        assert after.epoch_s == pytest.approx(200 * paces[before.key])
+        assert (after.bound, after.detail, after.replica_batch) == (
+            before.bound,
+            before.detail,
+            before.replica_batch,
+        )
+    best, _ = advisor.recommend(tried)
+    assert best.key == "2x1"
+    # within 5 % of the fastest, fewer tasks win: one worker
+    best, why = advisor.recommend(
+        [advisor.tried(p, m, 0.005 if p.key in ("1x1", "2x1") else 0.02) for p in preds]
+    )
+    assert best.key == "1x1" and why.startswith("one worker"), why

@@ -62,6 +62,11 @@ def test_plan_cell_measures_and_recommends(tf_kernel):
     assert "measured here: model step, PS step round trip" in text, text
     assert "all-reduce step (fit loop, collective)" in text and "per further variable" in text, text
     assert "assumed: " in text
+    # on this CPU-only server every layout was tried: its row is its own pace here
+    tried = next(ln for ln in text.splitlines() if ln.startswith("tried here: "))
+    assert "each layout's fit for " in tried, tried
+    for key in ("1x1", "2x1", "2x2", "ar2"):
+        assert f"{key} " in tried and "ms/step" in tried, tried
     assert row(text, "2 workers, 1 PS")[:3] == ["64", "x", "2"]
     assert row(text, "all-reduce, 2 workers")[:3] == ["32", "x", "2"]  # the cell's 64, split
     assert "3 epochs" in text  # time to the fit's own epochs
@@ -97,15 +102,16 @@ def test_plan_line_magic_on_a_wide_model_names_its_size(tf_kernel):
         timeout=60,
     )
     assert r.error is None, r.error_text
-    # what is asserted is the model's size and its placement: the probe's shortest timing (5 steps at
-    # each batch, not up to 4 s) serves, and spares seconds of a 17-million-parameter step
+    # what is asserted is the model's size and its placement, in the model's own reading (--estimate): the
+    # probe's shortest timing (5 steps at each batch, not up to 4 s) serves, and no layout is tried
     r = tf_kernel.execute(
         "os.environ['TFDIST_PROBE_SECONDS'] = '0.5'\n"
-        "try:\n    %tfdist plan wide train_ds --steps-per-epoch 10\n"
+        "try:\n    %tfdist plan wide train_ds --steps-per-epoch 10 --estimate\n"
         "finally:\n    del os.environ['TFDIST_PROBE_SECONDS']",
         timeout=240,
     )
     assert r.error is None, r.error_text
+    assert "tried here" not in r.text, r.text  # --estimate: the model's sum of the measured costs
     # 64x4096 + 4096 + 4096x4096 + 4096 + 4096x10 + 10 parameters, float32
     assert "wide: 17,088,522 parameters (68.4 MB in 6 variables, the largest 67.1 MB)" in r.text, r.text
     # round-robin placement in creation order: every kernel on ps-0, every bias on ps-1
@@ -137,6 +143,7 @@ def test_plan_spreads_a_compute_bound_model_over_gpus(tf_kernel):
     r = tf_kernel.execute("%%tfdist plan --gpus-per-node 4\nconvnet.fit(images, epochs=2)", timeout=300)
     assert r.error is None, r.error_text
     assert "planned for 4 workers" in r.text, r.text
+    assert "tried here" not in r.text, r.text  # GPUs of their own: not what this CPU could try
     assert not recommended(r.text).startswith("%%tfdist run --workers 1 "), r.text
     why = r.text.split("why: ")[1]
     assert float(why.split("x one worker")[0].split()[-1]) >= 2.5, r.text

@@ -1,15 +1,17 @@
 """Measure a cell's fit for `%tfdist plan`: a short-lived process, never the kernel (the kernel's own
 TensorFlow stays untouched, and nothing connects to a cluster).
 
-Usage: python -m tfdist.runtime.probe BUNDLE OUT_JSON [SPLIT]
+Usage: python -m tfdist.runtime.probe BUNDLE OUT_JSON [SPLIT [TRIALS]]
 
 The bundle is the one `%%tfdist run` would ship: the cell's source and the notebook names it reads. The
 cell runs here as it would on the job's coordinator, up to its first `fit`, which is caught, not run: its
 model and arguments (evaluated where the run would evaluate them) are what is measured. A few steps are
 trained (the first ones trace the graph and are not counted), at the cell's batch and, with SPLIT, at
 the cell's batch split over SPLIT replicas (all-reduce's per-replica batch). Then the fixed costs of a
-distributed step are measured on this machine (`tfdist.runtime.probecosts`). Writes a `ProbeResult` as
-JSON; on failure {"error": ...}.
+distributed step are measured on this machine (`tfdist.runtime.probecosts`). With TRIALS (layout keys,
+comma-separated: `1x1,2x1,2x2,ar2`), each of those layouts also runs the cell's fit for a few steps
+(`tfdist.runtime.probetrials`): what a local CPU plan predicts from. Writes a `ProbeResult` as JSON; on
+failure {"error": ...}.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tfdist.runtime.probecosts import FIXED_COSTS_TIMEOUT_S, Collective, measure_ps_costs, within
+from tfdist.runtime.probetrials import Layout, Trials, trial_shape
 from tfdist.settings import KernelSettings
 
 WARMUP_STEPS = 3
@@ -49,6 +52,8 @@ class ProbeResult:
     epochs: int | None = None
     costs: dict[str, float] = field(default_factory=dict)  # measured here: advisor.COSTS names
     costs_error: str = ""  # why the fixed costs could not be measured (the plan then assumes them)
+    trials: dict[str, dict[str, float]] = field(default_factory=dict)  # layout key -> probetrials.Trial
+    trial_errors: dict[str, str] = field(default_factory=dict)  # layout key -> why it has no trial
 
 
 class FitCaught(BaseException):
@@ -199,16 +204,25 @@ def measure(
 def main(argv: list[str]) -> int:
     bundle_path, out_path = argv[0], argv[1]
     split = int(argv[2]) if len(argv) > 2 else 1
+    layouts = [Layout.parse(k) for k in argv[3].split(",")] if len(argv) > 3 and argv[3] else []
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    collective = Collective()  # its imports overlap ours
+    # helpers started first, so their imports overlap ours: the layouts' trials, or else the collective
+    # whose fixed costs all-reduce is predicted from
+    trials = Trials(layouts, bundle_path, os.path.dirname(os.path.abspath(out_path))) if layouts else None
+    collective = None if any(lay.ps == 0 for lay in layouts) else Collective()
     try:
-        return _probe(bundle_path, out_path, split, collective)
+        return _probe(bundle_path, out_path, split, collective, trials)
     finally:
-        collective.close()
+        if trials is not None:
+            trials.close()
+        if collective is not None:
+            collective.close()
 
 
-def _probe(bundle_path: str, out_path: str, split: int, collective: Collective) -> int:
+def _probe(
+    bundle_path: str, out_path: str, split: int, collective: Collective | None, trials: Trials | None
+) -> int:
     try:
         import cloudpickle
 
@@ -229,20 +243,28 @@ def _probe(bundle_path: str, out_path: str, split: int, collective: Collective) 
         caught = catch_fit(bundle.source, bundle.line_offset, namespace)
         dataset, steps, epochs = fit_dataset(caught)
 
-        def collective_up() -> None:
-            try:  # its imports would slow the model's timed steps
-                collective.wait_ready()
-            except RuntimeError:
-                pass  # said below, where its costs are measured
+        def helpers_up() -> None:  # their imports would slow the model's timed steps
+            if trials is not None:
+                trials.wait_ready()
+            if collective is not None:
+                try:
+                    collective.wait_ready()
+                except RuntimeError:
+                    pass  # said below, where its costs are measured
 
-        result = measure(caught.model, dataset, split, before_timing=collective_up)
+        result = measure(caught.model, dataset, split, before_timing=helpers_up)
         result.steps_per_epoch, result.epochs = steps, epochs
     except Exception as exc:
         with open(out_path, "w") as f:
             json.dump({"error": f"{type(exc).__name__}: {str(exc)[:500]}"}, f)
         return 1
+    if trials is not None:
+        run_trials(trials, result)
     errors = []
-    for what, fn in (("PS", measure_ps_costs), ("all-reduce", collective.measure)):
+    helpers: list[tuple[str, Callable[[int], dict[str, float]]]] = [("PS", measure_ps_costs)]
+    if collective is not None:
+        helpers.append(("all-reduce", collective.measure))
+    for what, fn in helpers:
         try:  # the plan still stands without them, on assumed costs, and says so
             result.costs |= within(fn, result.grad_bytes)
         except TimeoutError:
@@ -253,6 +275,19 @@ def _probe(bundle_path: str, out_path: str, split: int, collective: Collective) 
     with open(out_path, "w") as f:
         json.dump(asdict(result), f)
     return 0  # a stuck in-process server cannot keep the probe waiting: it ends with os._exit
+
+
+def run_trials(trials: Trials, result: ProbeResult) -> None:
+    """Each layout's trial, one at a time, its epochs sized by the model's step and the fit's epoch; a PS
+    layout with more PS than the model has variables is not one the plan offers, so it is not tried."""
+    steps, epochs = trial_shape(result.step_s, result.steps_per_epoch)
+    for layout in trials.layouts:
+        if layout.ps > len(result.var_bytes):
+            continue
+        try:
+            result.trials[layout.key] = asdict(trials.run(layout, steps, epochs))
+        except RuntimeError as exc:
+            result.trial_errors[layout.key] = str(exc)
 
 
 if __name__ == "__main__":

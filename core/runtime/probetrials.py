@@ -1,0 +1,309 @@
+"""Each layout `%tfdist plan` offers on a CPU-only local server, tried in miniature at plan time.
+
+On a shared CPU the fixed costs of a step do not add up: the coordinator, the PS and the workers take
+turns on the same cores, and a layout's pace is what they leave each other. So for a local CPU plan the
+probe (`tfdist.runtime.probe`) runs the cell's own fit under each layout's real strategy for a few steps
+(PS: a ParameterServerStrategy over in-process TF servers, one process per layout, since a process
+cannot reconnect to another cluster; all-reduce: MultiWorkerMirroredStrategy over its N worker
+processes), the cell executed under the strategy's scope as the job's coordinator executes it.
+
+One fit of 1 + R epochs of K steps (K the fit's own steps per epoch where that is affordable): the first
+traces, the median of the others over K is the pace per step, an epoch's end (the coordinator's join, the
+logs' fetch) included as the cell's own epochs pay it. Measured here on 2 cores, the difference of two
+epoch lengths (to split the pace from the epoch's end) was noise; one epoch length is not.
+
+The processes start with the probe (their imports overlap its own), wait for a word on stdin, run one
+trial, write its JSON and end; they die with the probe (PR_SET_PDEATHSIG) and on stdin's end.
+
+Usage: python -m tfdist.runtime.probetrials LAYOUT RANK PORTS BUNDLE OUT_JSON
+(LAYOUT: WxP for W workers and P PS, arN for all-reduce over N workers; PORTS comma-separated.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+TRIAL_TIMEOUT_S = 90.0
+READY_TIMEOUT_S = 90.0
+STEP_BUDGET_S = 0.4  # K steps take about this long; a trial times about four times that
+MIN_STEPS, MAX_STEPS = 3, 40
+MIN_EPOCHS, MAX_EPOCHS = 2, 8  # timed epochs (R)
+
+
+
+@dataclass(frozen=True)
+class Layout:
+    workers: int
+    ps: int  # 0: all-reduce
+
+    @property
+    def key(self) -> str:
+        return f"ar{self.workers}" if self.ps == 0 else f"{self.workers}x{self.ps}"
+
+    @property
+    def processes(self) -> int:
+        """All-reduce runs one process per worker; a PS layout's servers all live in one."""
+        return self.workers if self.ps == 0 else 1
+
+    @classmethod
+    def parse(cls, key: str) -> Layout:
+        if key.startswith("ar"):
+            return cls(int(key[2:]), 0)
+        w, p = key.split("x")
+        return cls(int(w), int(p))
+
+
+@dataclass(frozen=True)
+class Trial:
+    """What a layout's fit took here: the pace per step (of the cell's batch), and per epoch beyond it."""
+
+    pace_s: float
+    steps: int  # K
+    epochs_s: tuple[float, ...] = ()  # the timed epochs (after the traced one)
+
+
+def trial_shape(step_s: float, steps_per_epoch: int | None) -> tuple[int, int]:
+    """(K, R) for a model whose one-device step is `step_s`: epochs of the fit's own length where it is
+    short enough, and enough of them to read a pace; few enough steps to keep the plan to seconds (a
+    distributed step costs at least the step and a few ms of dispatch)."""
+    budget = max(MIN_STEPS, min(MAX_STEPS, round(STEP_BUDGET_S / (step_s + 0.005))))
+    k = min(budget, steps_per_epoch) if steps_per_epoch else budget
+    return k, max(MIN_EPOCHS, min(MAX_EPOCHS, round(4 * budget / k)))
+
+
+def pace_of(epochs_s: list[float], steps: int) -> Trial:
+    """The median timed epoch over its K steps."""
+    ordered = sorted(epochs_s)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return Trial(pace_s=median / steps, steps=steps, epochs_s=tuple(round(t, 4) for t in epochs_s))
+
+
+# ------------------------------------------------------------------------------------- in the trial process
+def _timed_fit(fit: Any, caught: Any, dataset: Any, steps: int, epochs: int) -> Trial:
+    import tensorflow as tf
+
+    class EpochTimer(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.t: list[float] = []
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.t.append(time.perf_counter() - self.t0)
+
+    timer = EpochTimer()
+    data = dataset.repeat()  # a trial's steps never run out of data; the job's own fit is the cell's
+    fit(caught.model, data, epochs=1 + epochs, steps_per_epoch=steps, callbacks=[timer], verbose=0)
+    return pace_of(timer.t[1:], steps)  # the first traced
+
+
+def _run_cell(strategy: Any, bundle_path: str) -> Any:
+    """The cell, under the strategy's scope as the coordinator runs it, up to its first fit (caught)."""
+    import cloudpickle
+
+    from tfdist import payload
+    from tfdist.runtime.probe import catch_fit
+
+    with open(bundle_path, "rb") as f:
+        bundle = payload.unpack(f.read())
+    custom = cloudpickle.loads(bundle.custom_objects) if bundle.custom_objects else {}
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace.update(custom)
+    with strategy.scope():
+        for name, (kind, data) in bundle.entries.items():
+            namespace[name] = payload.decode(kind, data, custom)
+        namespace["tfdist_strategy"] = strategy
+        return catch_fit(bundle.source, bundle.line_offset, namespace)
+
+
+def _ps_strategy(layout: Layout, ports: list[int]) -> Any:
+    import tensorflow as tf
+
+    spec = {
+        "worker": [f"localhost:{p}" for p in ports[: layout.workers]],
+        "ps": [f"localhost:{p}" for p in ports[layout.workers : layout.workers + layout.ps]],
+    }
+    cluster = tf.train.ClusterSpec(spec)
+    config = tf.compat.v1.ConfigProto()
+    config.inter_op_parallelism_threads = 4  # fewer deadlocks the in-process servers' closures
+    servers = [
+        tf.distribute.Server(cluster, job_name=job, task_index=i, protocol="grpc", config=config, start=True)
+        for job in spec
+        for i in range(len(spec[job]))
+    ]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    strategy._tfdist_servers = servers  # ended with this process: tearing them down takes seconds
+    return strategy
+
+
+def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str, out_path: str) -> None:
+    """One process of a layout's trial: ready (a file), then on the probe's word ("K R" on stdin) the cell's
+    fit timed under the layout's strategy; rank 0 writes the Trial (or {"error": ...})."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    if layout.ps == 0:  # MWMS reads its cluster at creation, before any other op
+        os.environ["TF_CONFIG"] = json.dumps(
+            {
+                "cluster": {"worker": [f"localhost:{p}" for p in ports[: layout.workers]]},
+                "task": {"type": "worker", "index": rank},
+            }
+        )
+    else:
+        os.environ.pop("TF_CONFIG", None)
+    import tensorflow as tf
+
+    from tfdist.runtime.probe import fit_dataset
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if layout.ps == 0 else None
+    open(f"{out_path}.ready{rank}", "w").close()
+    word = sys.stdin.readline().split()
+    if len(word) != 2 or not all(w.isdigit() for w in word):
+        return  # the probe is gone or needs no trial of this layout
+    try:
+        if strategy is None:
+            strategy = _ps_strategy(layout, ports)
+        caught = _run_cell(strategy, bundle_path)
+        dataset, _, _ = fit_dataset(caught)
+        trial = _timed_fit(type(caught.model).fit, caught, dataset, int(word[0]), int(word[1]))
+        result: dict[str, Any] = asdict(trial)
+    except Exception as exc:
+        result = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    if rank == 0:
+        tmp = out_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.replace(tmp, out_path)
+
+
+# ---------------------------------------------------------------------------------------------- the probe
+class Trials:
+    """The trial processes of every layout, started before the probe imports TensorFlow, run one layout
+    at a time (each has the machine to itself) after the probe's own timing."""
+
+    def __init__(self, layouts: list[Layout], bundle_path: str, workdir: str) -> None:
+        from tfdist.runtime.deathsig import die_with_parent
+        from tfdist.runtime.probecosts import _free_ports
+
+        self.layouts = layouts
+        self.procs: dict[str, list[subprocess.Popen]] = {}
+        self.out: dict[str, str] = {}
+        self.failed: dict[str, str] = {}
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        for layout in layouts:
+            out = os.path.join(workdir, f"trial-{layout.key}.json")
+            ports = ",".join(map(str, _free_ports(layout.workers + layout.ps)))
+            self.out[layout.key], self.procs[layout.key] = out, []
+            for rank in range(layout.processes):
+                with open(f"{out}.err{rank}", "w") as err:  # a file: a pipe nobody reads would fill
+                    self.procs[layout.key].append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "tfdist.runtime.probetrials",
+                                layout.key,
+                                str(rank),
+                                ports,
+                                bundle_path,
+                                out,
+                            ],
+                            env=env,
+                            stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL,
+                            stderr=err,
+                            text=True,
+                            preexec_fn=die_with_parent(),
+                        )
+                    )
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Every trial process up (TensorFlow imported), so none slows what the probe times next."""
+        deadline = time.monotonic() + timeout
+        pending = {k: list(range(len(p))) for k, p in self.procs.items()}
+        while pending:
+            for key in list(pending):
+                out, procs = self.out[key], self.procs[key]
+                if all(os.path.exists(f"{out}.ready{r}") for r in pending[key]):
+                    del pending[key]
+                elif any(p.poll() is not None for p in procs):
+                    self.failed[key] = "its processes did not come up: " + self._tail(key)
+                    del pending[key]
+            if pending and time.monotonic() > deadline:
+                for key in pending:
+                    self.failed[key] = f"its processes were not up in {timeout:g} s"
+                return
+            time.sleep(0.05)
+
+    def run(self, layout: Layout, steps: int, epochs: int) -> Trial:
+        """The layout's trial, or RuntimeError saying why there is none."""
+        key = layout.key
+        if key in self.failed:
+            raise RuntimeError(self.failed[key])
+        for p in self.procs[key]:
+            assert p.stdin is not None
+            p.stdin.write(f"{steps} {epochs}\n")
+            p.stdin.flush()
+        deadline = time.monotonic() + TRIAL_TIMEOUT_S
+        while any(p.poll() is None for p in self.procs[key]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._end(key)
+        try:
+            with open(self.out[key]) as f:
+                got = json.load(f)
+        except (OSError, ValueError):
+            late = time.monotonic() >= deadline
+            raise RuntimeError(
+                f"no result in {TRIAL_TIMEOUT_S:g} s" if late else "it wrote nothing: " + self._tail(key)
+            ) from None
+        if "error" in got:
+            raise RuntimeError(got["error"])
+        got["epochs_s"] = tuple(got.get("epochs_s") or ())
+        return Trial(**got)
+
+    def _tail(self, key: str) -> str:
+        for rank in range(len(self.procs[key])):
+            try:
+                with open(f"{self.out[key]}.err{rank}") as f:
+                    lines = [ln for ln in f.read().strip().splitlines() if "rror" in ln]
+            except OSError:
+                continue
+            if lines:
+                return " / ".join(lines[-2:])[:300]
+        return "no word from them"
+
+    def _end(self, key: str) -> None:
+        for p in self.procs[key]:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            if p.stdin is not None:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        """Nothing outlives the probe."""
+        for key in self.procs:
+            self._end(key)
+
+
+def main(argv: list[str]) -> int:
+    layout, rank = Layout.parse(argv[0]), int(argv[1])
+    trial_process(layout, rank, [int(p) for p in argv[2].split(",")], argv[3], argv[4])
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # its result is written: no TensorFlow teardown to wait for

@@ -1,0 +1,94 @@
+"""`%tfdist plan`'s layout trials (tfdist.runtime.probetrials): their shape and reading (pure), and a
+trial that cannot run says why and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+from tfdist.runtime.probetrials import Layout, Trials, pace_of, trial_shape
+
+
+@pytest.mark.parametrize(
+    ("key", "workers", "ps", "processes"), [("1x1", 1, 1, 1), ("2x2", 2, 2, 1), ("ar3", 3, 0, 3)]
+)
+def test_layout_keys(key, workers, ps, processes):
+    layout = Layout.parse(key)
+    assert (layout.workers, layout.ps, layout.processes, layout.key) == (workers, ps, processes, key)
+
+
+def test_trial_shape_takes_the_fits_own_epoch_where_it_is_short_enough():
+    # a tiny model: 40 steps (the cap) in epochs of 40, four of them timed
+    assert trial_shape(0.0007, 200) == (40, 4)
+    # its epoch is shorter than that: epochs of the fit's own 6 steps, more of them (at most 8)
+    assert trial_shape(0.0007, 6) == (6, 8)
+    # a slow step: the fewest steps that read a pace
+    assert trial_shape(0.07, 6) == (5, 4)
+    assert trial_shape(2.0, None) == (3, 4)
+
+
+def test_pace_is_the_median_epoch_over_its_steps():
+    # one slow epoch (another process took the core) does not move it
+    t = pace_of([0.30, 0.31, 0.90, 0.29], 40)
+    assert t.pace_s == pytest.approx(0.305 / 40)
+    assert pace_of([0.3, 0.6, 0.33], 30).pace_s == pytest.approx(0.011)
+
+
+@pytest.mark.slow
+def test_a_trial_that_cannot_run_says_why_and_ends_its_processes(tmp_path):
+    """A bundle that is not one (what a broken payload would be): each layout's trial says why it has
+    none, the plan falls back to the costs, and no trial process outlives the probe's handle."""
+    bundle = tmp_path / "bundle.bin"
+    bundle.write_bytes(b"not a bundle")
+    trials = Trials([Layout(1, 1), Layout(2, 0)], str(bundle), str(tmp_path))
+    pids = [p.pid for procs in trials.procs.values() for p in procs]
+    assert len(pids) == 3
+    try:
+        trials.wait_ready()
+        assert trials.failed == {}
+        for layout in trials.layouts:
+            with pytest.raises(RuntimeError) as err:
+                trials.run(layout, 3, 2)
+            assert str(err.value), layout
+    finally:
+        trials.close()
+    alive = [
+        pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
+    assert alive == []
+    assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path))
+
+
+def test_trial_processes_die_with_the_probe(tmp_path):
+    """The probe killed (the kernel's timeout, SIGKILL): its trial processes go with it (PR_SET_PDEATHSIG)."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time\n"
+        "from tfdist.runtime.probetrials import Layout, Trials\n"
+        f"t = Trials([Layout(1, 1)], 'nothing', {str(tmp_path)!r})\n"
+        "print(t.procs['1x1'][0].pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    probe = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(probe.stdout.readline())
+        assert psutil.pid_exists(child)
+        probe.kill()
+        probe.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the trial process outlived the probe")
+    finally:
+        probe.kill()
