@@ -2,10 +2,15 @@
 
 On a shared CPU the fixed costs of a step do not add up: the coordinator, the PS and the workers take
 turns on the same cores, and a layout's pace is what they leave each other. So for a local CPU plan the
-probe (`tfdist.runtime.probe`) runs the cell's own fit under each layout's real strategy for a few steps
-(PS: a ParameterServerStrategy over in-process TF servers, one process per layout, since a process
-cannot reconnect to another cluster; all-reduce: MultiWorkerMirroredStrategy over its N worker
-processes), the cell executed under the strategy's scope as the job's coordinator executes it.
+probe (`tfdist.runtime.probe`) runs the cell's own fit under each layout's real strategy for a few steps,
+the cell executed under the strategy's scope as the job's coordinator executes it:
+
+* PS: worker servers in processes of their own (`serve`), shared by every PS layout in turn, and one
+  coordinator process per layout holding its PS in-process (a process cannot reconnect to another
+  cluster; a worker server takes each new coordinator's cluster, as it does after a coordinator's
+  restart). Workers inside the coordinator's process were measured here to hide what a second worker
+  gains (their closures share its pools; with the job's two inter-op threads they deadlock).
+* All-reduce: MultiWorkerMirroredStrategy over its N worker processes.
 
 One fit of 1 + R epochs of K steps (K the fit's own steps per epoch where that is affordable): the first
 traces, the median of the others over K is the pace per step, an epoch's end (the coordinator's join, the
@@ -16,7 +21,8 @@ The processes start with the probe (their imports overlap its own), wait for a w
 trial, write its JSON and end; they die with the probe (PR_SET_PDEATHSIG) and on stdin's end.
 
 Usage: python -m tfdist.runtime.probetrials LAYOUT RANK PORTS BUNDLE OUT_JSON
-(LAYOUT: WxP for W workers and P PS, arN for all-reduce over N workers; PORTS comma-separated.)
+(LAYOUT: WxP for W workers and P PS, arN for all-reduce over N workers, `serve` for a worker server;
+PORTS comma-separated: a PS layout's are its workers' then its PS's.)
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ READY_TIMEOUT_S = 90.0
 STEP_BUDGET_S = 0.4  # K steps take about this long; a trial times about four times that
 MIN_STEPS, MAX_STEPS = 3, 40
 MIN_EPOCHS, MAX_EPOCHS = 2, 8  # timed epochs (R)
-
 
 
 @dataclass(frozen=True)
@@ -124,25 +129,39 @@ def _run_cell(strategy: Any, bundle_path: str) -> Any:
         return catch_fit(bundle.source, bundle.line_offset, namespace)
 
 
+def _spec(workers: list[int], ps: list[int]) -> dict[str, list[str]]:
+    return {"worker": [f"localhost:{p}" for p in workers], "ps": [f"localhost:{p}" for p in ps]}
+
+
 def _ps_strategy(layout: Layout, ports: list[int]) -> Any:
+    """The layout's strategy: its PS in this process, its workers the shared `serve` processes."""
     import tensorflow as tf
 
-    spec = {
-        "worker": [f"localhost:{p}" for p in ports[: layout.workers]],
-        "ps": [f"localhost:{p}" for p in ports[layout.workers : layout.workers + layout.ps]],
-    }
-    cluster = tf.train.ClusterSpec(spec)
+    cluster = tf.train.ClusterSpec(_spec(ports[: layout.workers], ports[layout.workers :]))
     config = tf.compat.v1.ConfigProto()
     config.inter_op_parallelism_threads = 4  # fewer deadlocks the in-process servers' closures
     servers = [
-        tf.distribute.Server(cluster, job_name=job, task_index=i, protocol="grpc", config=config, start=True)
-        for job in spec
-        for i in range(len(spec[job]))
+        tf.distribute.Server(cluster, job_name="ps", task_index=i, protocol="grpc", config=config, start=True)
+        for i in range(layout.ps)
     ]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     strategy._tfdist_servers = servers  # ended with this process: tearing them down takes seconds
     return strategy
+
+
+def serve(rank: int, ports: list[int], out_path: str) -> None:
+    """A worker server for the PS layouts' trials (PORTS: every worker's, then placeholders for PS that
+    each coordinator brings): ready (a file), then serving until stdin ends (the probe done or gone)."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tensorflow as tf
+
+    half = len(ports) // 2
+    cluster = tf.train.ClusterSpec(_spec(ports[:half], ports[half:]))
+    server = tf.distribute.Server(cluster, job_name="worker", task_index=rank, protocol="grpc", start=True)
+    open(f"{out_path}.ready{rank}", "w").close()
+    sys.stdin.read()
+    del server
 
 
 def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str, out_path: str) -> None:
@@ -189,40 +208,45 @@ class Trials:
     at a time (each has the machine to itself) after the probe's own timing."""
 
     def __init__(self, layouts: list[Layout], bundle_path: str, workdir: str) -> None:
-        from tfdist.runtime.deathsig import die_with_parent
         from tfdist.runtime.probecosts import _free_ports
 
         self.layouts = layouts
         self.procs: dict[str, list[subprocess.Popen]] = {}
         self.out: dict[str, str] = {}
         self.failed: dict[str, str] = {}
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        self._bundle, self._workdir = bundle_path, workdir
+        # the job's environment: its thread pools (the probe's), and a lost worker failing the closure
+        self._env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", GRPC_FAIL_FAST="use_caller")
+        served = max((lay.workers for lay in layouts if lay.ps), default=0)
+        self.worker_ports = _free_ports(served)
+        if served:  # placeholders for the PS ports: each coordinator brings its own
+            self._start("serve", served, self.worker_ports + _free_ports(served))
         for layout in layouts:
-            out = os.path.join(workdir, f"trial-{layout.key}.json")
-            ports = ",".join(map(str, _free_ports(layout.workers + layout.ps)))
-            self.out[layout.key], self.procs[layout.key] = out, []
-            for rank in range(layout.processes):
-                with open(f"{out}.err{rank}", "w") as err:  # a file: a pipe nobody reads would fill
-                    self.procs[layout.key].append(
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                "-m",
-                                "tfdist.runtime.probetrials",
-                                layout.key,
-                                str(rank),
-                                ports,
-                                bundle_path,
-                                out,
-                            ],
-                            env=env,
-                            stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL,
-                            stderr=err,
-                            text=True,
-                            preexec_fn=die_with_parent(),
-                        )
+            if layout.ps:
+                ports = self.worker_ports[: layout.workers] + _free_ports(layout.ps)
+            else:
+                ports = _free_ports(layout.workers)
+            self._start(layout.key, layout.processes, ports)
+
+    def _start(self, key: str, processes: int, ports: list[int]) -> None:
+        from tfdist.runtime.deathsig import die_with_parent
+
+        out = os.path.join(self._workdir, f"trial-{key}.json")
+        self.out[key], self.procs[key] = out, []
+        argv = [sys.executable, "-m", "tfdist.runtime.probetrials", key]
+        for rank in range(processes):
+            with open(f"{out}.err{rank}", "w") as err:  # a file: a pipe nobody reads would fill
+                self.procs[key].append(
+                    subprocess.Popen(
+                        [*argv, str(rank), ",".join(map(str, ports)), self._bundle, out],
+                        env=self._env,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                        text=True,
+                        preexec_fn=die_with_parent(),
                     )
+                )
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Every trial process up (TensorFlow imported), so none slows what the probe times next."""
@@ -247,6 +271,10 @@ class Trials:
         key = layout.key
         if key in self.failed:
             raise RuntimeError(self.failed[key])
+        if layout.ps and "serve" in self.failed:
+            raise RuntimeError("its worker servers " + self.failed["serve"].removeprefix("its "))
+        if layout.ps and any(p.poll() is not None for p in self.procs.get("serve", [])):
+            raise RuntimeError("its worker servers ended: " + self._tail("serve"))
         for p in self.procs[key]:
             assert p.stdin is not None
             p.stdin.write(f"{steps} {epochs}\n")
@@ -297,8 +325,11 @@ class Trials:
 
 
 def main(argv: list[str]) -> int:
-    layout, rank = Layout.parse(argv[0]), int(argv[1])
-    trial_process(layout, rank, [int(p) for p in argv[2].split(",")], argv[3], argv[4])
+    rank, ports = int(argv[1]), [int(p) for p in argv[2].split(",")]
+    if argv[0] == "serve":
+        serve(rank, ports, argv[4])
+    else:
+        trial_process(Layout.parse(argv[0]), rank, ports, argv[3], argv[4])
     return 0
 
 
