@@ -58,8 +58,8 @@ class RealCluster:
         return self
 
     # ---- REST
-    def request(self, method: str, path: str, body: dict | None = None):
-        return self.client.request(method, path, body)
+    def request(self, method: str, path: str, body: dict | None = None, **kw):
+        return self.client.request(method, path, body, **kw)
 
     def get(self, path: str):
         return self.client.get(path)

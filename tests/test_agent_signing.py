@@ -200,6 +200,9 @@ async def test_the_agent_serves_many_long_polls_at_once_streams_a_large_result_a
     once, a 48 MiB result comes back whole and signed, and shutdown frees the port with polls open."""
     state = AgentState(str(tmp_path), TOKEN)
     port = free_port()
+    # Threads the test process had already (earlier tests on this xdist worker leave some): CI on
+    # 3ab8814 counted 22 in all, which says nothing about the agent.
+    before = threading.active_count()
     srv = serve(state, port, host="127.0.0.1")
     url = f"http://127.0.0.1:{port}"
     clients = [AgentClient(url, TOKEN, retry_for=2) for _ in range(40)]
@@ -207,7 +210,7 @@ async def test_the_agent_serves_many_long_polls_at_once_streams_a_large_result_a
         polls = [asyncio.ensure_future(c.request("GET", "/events?from=0")) for c in clients]
         await asyncio.sleep(1.0)
         assert not any(p.done() for p in polls), "a long poll answered with no event to give"
-        threads = threading.active_count()
+        threads = threading.active_count() - before
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         assert await clients[0].reachable()
@@ -216,7 +219,7 @@ async def test_the_agent_serves_many_long_polls_at_once_streams_a_large_result_a
         answers = await asyncio.wait_for(asyncio.gather(*polls), 5)
         fit = [{"type": "progress", "phase": "fit"}]
         assert all(json.loads(body)["events"] == fit for _, body in answers)
-        assert threads < 20, f"{threads} threads for 40 waiting polls"
+        assert threads < 10, f"{threads} threads more for 40 waiting polls"
         big = bytes(range(256)) * (48 * 4096)
         (tmp_path / "result.bin").write_bytes(big)
         assert await clients[1].result() == big
