@@ -667,7 +667,7 @@ def kube_proxy_synced() -> bool:
 
 def wait_kube_proxy(nb: Path, args: list[str], procs: list[Proc], state: dict) -> float:
     """Seconds until kube-proxy's rules for the kubernetes Service exist; a kube-proxy whose first
-    sync failed is restarted once (its own retry did not come within 90 s in CI), then given 90 s more."""
+    sync failed is restarted once (its own retry gave no rules within 120 s in CI), then has 90 s more."""
     t0 = time.monotonic()
     try:
         wait("kube-proxy rules for the kubernetes Service", kube_proxy_synced, 60, procs, log="kube-proxy")
@@ -904,7 +904,7 @@ def up(build: bool = True, kueue: bool = False) -> dict:
         save_state({**state, "network": True, "procs": [p.__dict__ for p in procs]})
         timings["kube-proxy"] = wait_kube_proxy(nb, args["kube-proxy"], procs, state)
         # After kube-proxy's first sync, not beside it: kube-router rewrites the whole filter table
-        # (save, edit, restore), and a chain kube-proxy made in between is lost (CI on 4799fad+1:
+        # (save, edit, restore), so a chain kube-proxy made in between is lost (CI before 3ab8814:
         # "Chain 'KUBE-EXTERNAL-SERVICES' does not exist", and no rules within 120 s).
         spawn("kube-router", nb / "kube-router", args["kube-router"], procs)
         save_state({**state, "network": True, "procs": [p.__dict__ for p in procs]})
