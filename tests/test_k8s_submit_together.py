@@ -4,10 +4,9 @@ controller and garbage collector: the kwok plane of tests/kube_plane.py)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
+from tests.kueue_fixtures import until
 from tests.test_k8s_backend import backend, get, left, spec, wait_gone
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
@@ -52,12 +51,14 @@ async def test_every_job_is_created_suspended_and_resumed_together(k8s_plane, k8
         await collect(b, "together", lambda ev, _: ev.type == "state" and ev.state == "running")
         jobs = jobs_of(k8s_plane, k8s_namespace, "together")
         assert sorted(jobs) == ["together", "together-ps", "together-worker"]
+
         # The Job controller writes its JobResumed condition after it creates the pods, so a job can be
         # running before the last condition is in (CI on 36c62e3): wait for it, briefly.
-        deadline = asyncio.get_running_loop().time() + 15
-        while not all(map(resumed, jobs.values())) and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.2)
-            jobs = jobs_of(k8s_plane, k8s_namespace, "together")
+        def all_resumed() -> dict[str, dict] | None:
+            now = jobs_of(k8s_plane, k8s_namespace, "together")
+            return now if all(map(resumed, now.values())) else None
+
+        jobs = await until("every Job's JobResumed condition", all_resumed, timeout=15)
         assert {n: resumed(j) for n, j in jobs.items()} == dict.fromkeys(jobs, True)
     finally:
         await b.close()
