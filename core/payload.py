@@ -9,6 +9,7 @@ as numpy, and everything else (numpy, pandas, notebook functions and classes) wi
 
 from __future__ import annotations
 
+import ast
 import builtins
 import io
 import os
@@ -49,7 +50,62 @@ def cell_names(source: str, filename: str = "<tfdist cell>") -> CellNames:
             walk(child)
 
     walk(top)
-    return CellNames(reads=reads, binds=binds)
+    reads += [n for n in _augmented_globals(ast.parse(source)) if n not in reads]
+    fresh = bound_before_read(source)
+    return CellNames(reads=[n for n in reads if n not in fresh], binds=binds)
+
+
+def _augmented_globals(tree: ast.AST, declared: frozenset[str] | None = None) -> list[str]:
+    """Global names updated in place (`n += 1`): read first, which symtable does not mark as a use."""
+    out: list[str] = []
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            body_globals = {n for g in ast.walk(node) if isinstance(g, ast.Global) for n in g.names}
+            out += _augmented_globals(node, frozenset(body_globals))
+            continue
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            if declared is None or node.target.id in declared:
+                out.append(node.target.id)
+        out += _augmented_globals(node, declared)
+    return out
+
+
+def _names(*nodes: ast.AST | None) -> set[str]:
+    return {n.id for node in nodes if node is not None for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _plain(target: ast.expr) -> list[ast.expr]:
+    return target.elts if isinstance(target, ast.Tuple | ast.List) else [target]
+
+
+def _binds_and_reads(stmt: ast.stmt) -> tuple[set[str], set[str]]:
+    """(names bound whenever the statement completes, names it may read first); anything else a statement
+    mentions counts as read: in a condition, a loop or a function body, a bind may not happen."""
+    if isinstance(stmt, ast.Import | ast.ImportFrom):
+        return {(a.asname or a.name).split(".")[0] for a in stmt.names if a.name != "*"}, set()
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {stmt.name}, _names(stmt)  # its body, decorators, defaults and bases
+    if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        plain = [e for t in targets for e in _plain(t) if isinstance(e, ast.Name)]
+        other = [e for t in targets for e in _plain(t) if not isinstance(e, ast.Name)]
+        annotation = stmt.annotation if isinstance(stmt, ast.AnnAssign) else None
+        return {e.id for e in plain}, _names(stmt.value, annotation, *other)
+    return set(), _names(stmt)
+
+
+def bound_before_read(source: str) -> set[str]:
+    """Names the cell binds at top level, unconditionally, before anything in it could read them: the
+    notebook's values of these are never seen, so they need not travel (re-running `hist = model.fit(...)`
+    or `cb = Clock(); model.fit(..., callbacks=[cb])` would otherwise ship the last run's History or
+    callback, each holding a whole copy of the model)."""
+    seen: set[str] = set()
+    fresh: set[str] = set()
+    for stmt in ast.parse(source).body:
+        binds, reads = _binds_and_reads(stmt)
+        seen |= reads - fresh
+        fresh |= binds - seen
+    return fresh
 
 
 def undefined_names(names: CellNames, namespace: dict[str, Any]) -> list[str]:
@@ -118,8 +174,10 @@ class Bundle:
     version: int = BUNDLE_VERSION
 
 
-def encode(name: str, value: Any) -> tuple[str, bytes]:
-    """One variable in its shippable form, or ShippingError naming it and what to do."""
+def encode(name: str, value: Any, models: dict[str, Any] | None = None) -> tuple[str, bytes]:
+    """One variable in its shippable form, or ShippingError naming it and what to do. `models`: the
+    bundle's models by name; a pickled value that holds one (a callback given the model, a History)
+    holds the coordinator's model after `decode`, not a copy of its own."""
     if _is_keras3_model(value):
         raise ShippingError(
             name,
@@ -155,7 +213,7 @@ def encode(name: str, value: Any) -> tuple[str, bytes]:
     if _is_tensor(value):
         return "tf_tensor", pickle.dumps((type(value).__name__ == "ResourceVariable", value.numpy()))
     try:
-        return "pickle", cloudpickle.dumps(value)
+        return "pickle", _dumps_result(value, models or {})
     except Exception as exc:
         raise ShippingError(
             name,
@@ -167,9 +225,10 @@ def encode(name: str, value: Any) -> tuple[str, bytes]:
 def pack(source: str, names: list[str], namespace: dict[str, Any], line_offset: int = 1) -> bytes:
     """Encode the named variables of the notebook into one bundle (bytes)."""
     bundle = Bundle(source=source, line_offset=line_offset)
-    for name in names:
-        if name in namespace:
-            bundle.entries[name] = encode(name, namespace[name])
+    present = [n for n in names if n in namespace]
+    models = {n: namespace[n] for n in present if _is_keras_model(namespace[n])}
+    for name in sorted(present, key=lambda n: n not in models):  # models first: others may refer to them
+        bundle.entries[name] = encode(name, namespace[name], models)
     classes = _notebook_classes(namespace)
     if classes:
         try:
@@ -186,8 +245,14 @@ def unpack(data: bytes) -> Bundle:
     return bundle
 
 
-def decode(kind: str, data: bytes, custom_objects: dict[str, type] | None = None) -> Any:
-    """Inverse of `encode`, run in the coordinator inside `strategy.scope()` so variables land on the PS."""
+def decode(
+    kind: str,
+    data: bytes,
+    custom_objects: dict[str, type] | None = None,
+    decoded: dict[str, Any] | None = None,
+) -> Any:
+    """Inverse of `encode`, run in the coordinator inside `strategy.scope()` so variables land on the PS;
+    `decoded`: the entries decoded so far (the bundle's models come first), for references to them."""
     if kind == "keras_model":
         import tensorflow as tf
 
@@ -209,7 +274,7 @@ def decode(kind: str, data: bytes, custom_objects: dict[str, type] | None = None
         is_var, value = pickle.loads(data)
         return tf.Variable(value) if is_var else tf.constant(value)
     if kind == "pickle":
-        return cloudpickle.loads(data)
+        return _loads_result(data, decoded or {})
     raise ValueError(f"unknown bundle entry kind {kind!r}")
 
 

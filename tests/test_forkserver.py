@@ -64,7 +64,9 @@ PROBE = textwrap.dedent(
     print(json.dumps({"ppid": os.getppid(), "argv": sys.argv[1:], "probe": os.environ.get("PROBE"),
                       "cwd": os.getcwd(), "path0": sys.path[0], "stdin": os.readlink("/proc/self/fd/0"),
                       "oom": open("/proc/self/oom_score_adj").read().strip(),
-                      "tf": "tensorflow" in sys.modules, "name": __name__}))
+                      "tf": "tensorflow" in sys.modules, "name": __name__,
+                      "keras_api": "tf_keras.api._v2.keras" in sys.modules,
+                      "coordinator": "tfdist.runtime.coordinator" in sys.modules}))
     print("to stderr", file=sys.stderr)
     sys.exit(7)
     """
@@ -96,6 +98,8 @@ def test_a_forked_task_is_the_supervisors_child_and_reports_like_a_fresh_one(tmp
     assert seen["cwd"] == str(tmp_path) == seen["path0"]
     assert seen["stdin"] == "/dev/null" and seen["oom"] == "800"
     assert seen["tf"]  # forked after the import: TensorFlow is there already
+    # and what a coordinator loads before its fit: tf.keras's API (loaded on first use) and its own modules
+    assert seen["keras_api"] and seen["coordinator"]
     assert lines[1] == "to stderr"  # stdout and stderr both reach the task's log pipe
     assert first["code"] == 7 and first["passed"] == "through the passed fd"
     assert final["killed"] == -signal.SIGKILL

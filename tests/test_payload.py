@@ -22,6 +22,26 @@ def test_cell_names_reads_and_binds():
     assert "v" not in names.reads and "z" not in names.reads
 
 
+def test_a_name_the_cell_binds_before_any_use_is_not_shipped():
+    # re-running this cell must not ship the last run's callback and History (each holds the whole model)
+    src = "clock = Clock()\nhist = model.fit(ds, callbacks=[clock])\nends = clock.ends\nprint(hist)\n"
+    assert payload.cell_names(src).reads == ["Clock", "model", "ds", "print"]
+    # a bind that may not happen, or that reads the name first, keeps the notebook's value
+    assert "cb" in payload.cell_names("if fresh:\n    cb = C()\nmodel.fit(callbacks=[cb])\n").reads
+    assert "x" in payload.cell_names("x = x + 1\n").reads
+    assert "a" in payload.cell_names("a[0] = 1\n").reads
+    assert "b" in payload.cell_names("a, *b = 1, 2, 3\nprint(b)\n").reads
+    assert "cb" in payload.cell_names("def f():\n    return cb\nf()\ncb = 1\n").reads
+    assert "f" not in payload.cell_names("def f():\n    return 1\nf()\n").reads
+
+
+def test_a_name_updated_in_place_is_read():
+    # symtable does not count `n += 1` as a use of n: the coordinator would raise NameError
+    assert payload.cell_names("n += 1\n").reads == ["n"]
+    assert payload.cell_names("def f():\n    global n\n    n += 1\nf()\n").reads == ["n"]
+    assert payload.cell_names("def f():\n    m = 0\n    m += 1\n").reads == []
+
+
 def test_undefined_names_ignore_builtins_and_cell_bindings():
     names = payload.cell_names("a = b + len(c)\nprint(a)\n")
     assert payload.undefined_names(names, {"c": [1]}) == ["b"]
@@ -78,6 +98,26 @@ def test_keras_model_travels_with_weights_and_compile_config():
         np.testing.assert_array_equal(a, b)
     assert back.optimizer.get_config()["learning_rate"] == pytest.approx(0.05)
     assert back.loss == "mse"
+
+
+def test_a_shipped_value_that_holds_a_shipped_model_holds_the_decoded_model():
+    import tensorflow as tf
+
+    m = tf.keras.Sequential([tf.keras.layers.Input((3,)), tf.keras.layers.Dense(2)])
+    m.compile(optimizer="sgd", loss="mse")
+    cb = tf.keras.callbacks.History()
+    cb.set_model(m)
+    holder = {"model": m, "opt": m.optimizer}
+    bundle = payload.unpack(
+        payload.pack("fit(cb, holder, m)", ["cb", "holder", "m"], {"cb": cb, "holder": holder, "m": m})
+    )
+    assert list(bundle.entries) == ["m", "cb", "holder"]  # the model first: the others refer to it
+    got: dict = {}
+    for name, (kind, data) in bundle.entries.items():
+        got[name] = payload.decode(kind, data, None, got)
+    # the one model the job trains, not a copy each: a callback of it sees the training
+    assert got["cb"].model is got["m"] and got["holder"]["model"] is got["m"]
+    assert got["holder"]["opt"] is got["m"].optimizer
 
 
 def test_results_put_weights_into_the_same_model_object_and_rebuild_history():

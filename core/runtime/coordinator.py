@@ -212,7 +212,7 @@ def run(jobdir: str) -> int:
         models: dict[str, Any] = {}
         with strategy.scope():
             for name, (kind, data) in bundle.entries.items():
-                namespace[name] = payload.decode(kind, data, custom)
+                namespace[name] = payload.decode(kind, data, custom, models)
                 if kind == "keras_model":
                     models[name] = namespace[name]
         namespace["tfdist_strategy"] = strategy

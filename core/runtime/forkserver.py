@@ -64,10 +64,9 @@ def own_name() -> str:
 def _import_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras is tf_keras in every task (taskenv.tf_env)
-    from .importing import collector_paused
+    from .importing import import_coordinator
 
-    with collector_paused():
-        import tensorflow  # noqa: F401  (also imports tf_keras under TF_USE_LEGACY_KERAS)
+    import_coordinator()  # the servers' import, and the coordinator's too: once here, not after each fork
 
 
 def _receive(sock: socket.socket) -> tuple[dict, list[int]] | None:

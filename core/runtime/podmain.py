@@ -146,17 +146,10 @@ def run_gated_coordinator(jobdir: str) -> int:
     from ..taskenv import ensure_threads
 
     ensure_threads()
-    from .importing import collector_paused
+    from .importing import import_coordinator
 
-    with collector_paused():
-        import cloudpickle  # noqa: F401
-        import tensorflow  # noqa: F401
-
-        with contextlib.suppress(ImportError):  # tf.keras under TF_USE_LEGACY_KERAS
-            import tf_keras  # noqa: F401
-        from .. import payload  # noqa: F401
-        from ..job import events  # noqa: F401  (the coordinator's first progress event)
-        from . import coordinator, strategy  # noqa: F401
+    import_coordinator()
+    from . import coordinator
 
     with os.fdopen(gate, "rb") as f:
         if f.read(1) != b"1":

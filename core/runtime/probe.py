@@ -238,7 +238,7 @@ def _probe(
         namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
         namespace.update(custom)
         for name, (kind, data) in bundle.entries.items():
-            namespace[name] = payload.decode(kind, data, custom)
+            namespace[name] = payload.decode(kind, data, custom, namespace)
         namespace["tfdist_strategy"] = tf.distribute.get_strategy()  # as the job's cell sees one
         caught = catch_fit(bundle.source, bundle.line_offset, namespace)
         dataset, steps, epochs = fit_dataset(caught)

@@ -124,7 +124,7 @@ def _run_cell(strategy: Any, bundle_path: str) -> Any:
     namespace.update(custom)
     with strategy.scope():
         for name, (kind, data) in bundle.entries.items():
-            namespace[name] = payload.decode(kind, data, custom)
+            namespace[name] = payload.decode(kind, data, custom, namespace)
         namespace["tfdist_strategy"] = strategy
         return catch_fit(bundle.source, bundle.line_offset, namespace)
 

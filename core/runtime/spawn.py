@@ -188,8 +188,6 @@ class Spawner:
         forked = None
         if self.forks is not None:
             forked = await self.forks.spawn(task.name, module, argv, task.env, cwd, extra_fds)
-        if task.name == "chief-0":
-            self.close_forks()  # started last: the job's later restarts start fresh
         task.proc = forked or await asyncio.create_subprocess_exec(
             sys.executable,
             "-u",

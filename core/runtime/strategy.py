@@ -16,6 +16,9 @@ from tfdist.settings import TaskSettings
 
 PS = "ps"
 ALLREDUCE = "allreduce"
+# How long a PS coordinator waits for its servers' ports before it connects anyway (TF then retries on
+# its own); the job's start-up --timeout is the supervisor's to enforce.
+SERVERS_WAIT_S = 120.0
 
 
 def current() -> str:
@@ -43,5 +46,9 @@ def make(name: str | None = None) -> Any:
     if name == ALLREDUCE:
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     if name == PS:
+        from .ports import wait_all
+
+        spec = resolver.cluster_spec().as_dict()
+        wait_all([a for job in ("ps", "worker") for a in spec.get(job, [])], SERVERS_WAIT_S)
         return tf.distribute.ParameterServerStrategy(resolver)
     raise ValueError(f"unknown strategy {name!r}")

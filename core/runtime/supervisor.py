@@ -221,11 +221,13 @@ class Supervisor:
         chief = self.tasks["chief-0"]
 
         async def launch() -> tuple[asyncio.Future, asyncio.Future]:
+            # The coordinator starts first: its way to the fit (payload, model, strategy) is the job's
+            # longest, and it waits for the servers' ports itself before it connects (runtime.strategy).
+            started = await self.spawner.spawn_coordinator(chief)
             for t in servers:
                 await self.spawner.spawn(t, module)
-            # The coordinator starts at once, not after the servers: importing TensorFlow takes seconds
-            # and overlaps with theirs; TF's own connect retries wait for servers that are still coming up.
-            return await self.spawner.spawn_coordinator(chief)
+            self.spawner.close_forks()  # the job's later restarts start fresh
+            return started
 
         # Spawning waits for the fork server's TensorFlow import (seconds, tens under load): a kernel that
         # dies meanwhile (the lifeline) or a stop must end the job now, not once the import is done.
