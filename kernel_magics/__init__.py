@@ -34,6 +34,7 @@ def load_ipython_extension(ipython: Any) -> None:
     _magics = TfdistMagics(ipython)
     ipython.register_magics(_magics)
     atexit.register(_magics.close)  # a clean kernel shutdown; a killed kernel is covered by the lifeline
+    _magics.warm_up_first()  # TensorFlow imports for the first job while the user writes its cell
 
 
 def unload_ipython_extension(ipython: Any) -> None:

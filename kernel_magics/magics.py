@@ -28,7 +28,7 @@ from ..events import StateEvent
 from ..job import detach
 from ..job.vocab import JobState
 from ..jobview import JobView, Reason
-from ..settings import Settings, from_environ
+from ..settings import KernelSettings, Settings, from_environ
 from . import args as margs
 from .busy import stay_busy
 from .cellcheck import SHELL_NAMES, CellCheck
@@ -71,6 +71,17 @@ class TfdistMagics(CellCheck, JobFollower, JobCommands, Magics):
         self._events: queue.Queue = queue.Queue()
 
     # ------------------------------------------------------------------ plumbing
+    def warm_up_first(self) -> bool:
+        """At the extension's load: this kernel's warm pool, where its jobs run locally and the admin
+        left TFDIST_POOL_ON_LOAD on. Never fails the load: a pool is only ever a head start."""
+        if self.settings.backend != "local" or not KernelSettings().pool_on_load:
+            return False
+        try:
+            local = self.backend("local")
+            return local.warm_up_first({memfit.SERVER_PID_ENV: str(os.getppid())})  # type: ignore[attr-defined]
+        except Exception:
+            return False
+
     def backend(self, name: str) -> Backend:
         if name not in self._backends:
             self._backends[name] = get_backend(name, self.settings)

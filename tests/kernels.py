@@ -226,3 +226,13 @@ PACE_IMPORT = "from tensorflow.python.data.experimental.ops import testing as _t
 def paced(dataset: str, seconds_per_batch: float = 0.1) -> str:
     """Source of `dataset` with each worker's batches `seconds_per_batch` apart (needs PACE_IMPORT)."""
     return f"{dataset}.apply(_tfdata_testing.sleep({round(seconds_per_batch * 1e6)}))"
+
+
+def jobs_in(state_dir: str) -> list[str]:
+    """What the state directory holds but the kernel's warm pool: its record and log come and go with the
+    pool (started at the extension's load, again after each job), whatever a cell does."""
+    from tfdist.backends.pool import STATE_PREFIX
+
+    if not os.path.isdir(state_dir):
+        return []
+    return sorted(n for n in os.listdir(state_dir) if not n.startswith(STATE_PREFIX))

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.kernels import job_processes, wait_gone
+from tests.kernels import job_processes, jobs_in, wait_gone
 from tests.test_lifecycle import job_pids, task_pids
 from tfdist.backends.local import LocalBackend
 from tfdist.errors import NoSuchJob
@@ -20,10 +20,6 @@ from tfdist.errors import NoSuchJob
 pytestmark = pytest.mark.slow
 
 FIT = "history = model.fit(train_ds, epochs=1, steps_per_epoch=2)"
-
-
-def jobs_in(state_dir: str) -> list[str]:
-    return sorted(os.listdir(state_dir)) if os.path.isdir(state_dir) else []
 
 
 BAD = [

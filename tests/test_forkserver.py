@@ -125,6 +125,10 @@ def test_tasks_start_fresh_where_a_fork_would_differ():
     assert fresh_start_reason(base, base | {"TF_CONFIG": "{}", "TFDIST_TASK": "ps-0"}) is None
     assert "GPUs" in (fresh_start_reason(base, base | {"CUDA_VISIBLE_DEVICES": "0"}) or "")
     assert "MALLOC_ARENA_MAX" in (fresh_start_reason(base, base | {"MALLOC_ARENA_MAX": "2"}) or "")
+    # Intel OpenMP's variables are read when its runtime loads, which TensorFlow's import does not do
+    kmp = {"KMP_INIT_AT_FORK": "FALSE", "KMP_DUPLICATE_LIB_OK": "True"}
+    assert fresh_start_reason(base, base | kmp) is None
+    assert "TF_ENABLE_ONEDNN_OPTS" in (fresh_start_reason(base, base | {"TF_ENABLE_ONEDNN_OPTS": "0"}) or "")
 
 
 def test_a_forked_job_trains_and_its_tasks_are_what_fresh_ones_are(tmp_path):

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import socket
 
 import pytest
 
-from tests.kernels import job_processes
+from tests.kernels import job_processes, jobs_in
 
 pytestmark = pytest.mark.slow
 
 FIT = "history = model.fit(train_ds, epochs=1, steps_per_epoch=2)"
-
-
-def jobs_in(state_dir: str) -> list[str]:
-    return sorted(os.listdir(state_dir)) if os.path.isdir(state_dir) else []
 
 
 CASES = [

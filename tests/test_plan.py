@@ -3,11 +3,9 @@ chart and one recommended run line are shown, and nothing is started; bad input 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.kernels import job_processes
+from tests.kernels import job_processes, jobs_in
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +39,6 @@ def row(text: str, label: str) -> list[str]:
     """The plan table's row of `label`, split into its columns."""
     line = next(ln for ln in text.splitlines() if ln.startswith(label))
     return line[len(label) :].split()
-
-
-def jobs_in(state_dir: str) -> list[str]:
-    return sorted(os.listdir(state_dir)) if os.path.isdir(state_dir) else []
 
 
 def test_plan_cell_measures_and_recommends(tf_kernel):

@@ -106,7 +106,8 @@ def _thread_names(p: psutil.Process) -> list[str]:
 
 def test_second_run_takes_the_pool_behaves_fresh_and_dies_with_the_kernel(tmp_path):
     state = str(tmp_path / "state")
-    k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="3"), cwd=str(tmp_path))
+    # the pool after a job: the first job fresh, to compare the pooled one with
+    k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="3", TFDIST_POOL_ON_LOAD="0"), cwd=str(tmp_path))
     try:
         # One core: TensorFlow's own inter-op pool would have 1 thread, the task env says 2 (taskenv):
         # a pooled process that ignored its env after import would show 1 (and deadlock PS training).
@@ -188,7 +189,7 @@ def test_a_job_taken_while_the_pool_still_imports_runs_its_cell_and_logs_it(tmp_
     """The second job of a kernel, started at once after the first: its pool's fork server is still
     importing TensorFlow when the job comes. The tasks wait for it, run the cell and log it."""
     state = str(tmp_path / "state")
-    k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="3"), cwd=str(tmp_path))
+    k = Kernel(kernel_env(state, TFDIST_POOL_SIZE="3", TFDIST_POOL_ON_LOAD="0"), cwd=str(tmp_path))
     try:
         assert k.execute("%load_ext tfdist", timeout=60).error is None
         r = k.execute(PLAIN.format(name="first"), timeout=300)
@@ -221,6 +222,60 @@ def test_a_job_taken_while_the_pool_still_imports_runs_its_cell_and_logs_it(tmp_
         assert wait_gone(list(owned), 15) == []
     finally:
         k.shutdown()
+
+
+def test_the_extension_load_starts_the_pool_for_the_first_job(tmp_path):
+    """With the product's defaults, `%load_ext tfdist` starts the kernel's pool: its first job is forked
+    from TensorFlow imported while the cell was written. Off with TFDIST_POOL_ON_LOAD=0, and where jobs
+    run on Kubernetes (no local job would take it)."""
+    ks = []
+    try:
+        for name, extra in (
+            ("off", {"TFDIST_POOL_ON_LOAD": "0"}),
+            ("kube", {"TFDIST_BACKEND": "kubernetes"}),
+        ):
+            state = str(tmp_path / name)
+            ks.append(k := Kernel(kernel_env(state, TFDIST_POOL_SIZE="3", **extra), cwd=str(tmp_path)))
+            assert k.execute("%load_ext tfdist", timeout=60).error is None
+            with pytest.raises(TimeoutError):
+                _pool_record(state, k.pid, timeout=3)
+        state = str(tmp_path / "state")
+        ks.append(k := Kernel(kernel_env(state, TFDIST_POOL_SIZE="3"), cwd=str(tmp_path)))
+        assert k.execute("%load_ext tfdist", timeout=60).error is None
+        rec = _pool_record(state, k.pid, timeout=10)  # at once, before any job
+        # what importing scikit-learn does to the kernel's environment meanwhile: read by no import here
+        assert k.execute("import os; os.environ['KMP_INIT_AT_FORK'] = 'FALSE'", timeout=30).error is None
+        r = k.execute(PLAIN.format(name="first"), timeout=300)
+        assert r.error is None, r.error_text
+        with open(os.path.join(state, "first", "state.json")) as f:
+            st = json.load(f)
+        assert st["state"] == "succeeded", st
+        assert st["pid"] == rec["pid"], "the first job did not run in the pool started at the load"
+        assert sorted(_forked(state, "first")) == ["chief-0", "ps-0", "worker-0"]
+        with open(os.path.join(state, "first", "supervisor.log")) as f:
+            assert "a new fork server" not in f.read()
+
+        # a variable TensorFlow's import reads, changed after the next pool started: that pool's
+        # supervisor runs the job from a fork server of the job's environment, not a fresh process each
+        again = _pool_record(state, k.pid)
+        assert again["pid"] != rec["pid"]
+        assert k.execute("os.environ['TF_ENABLE_ONEDNN_OPTS'] = '0'", timeout=30).error is None
+        r = k.execute(PLAIN.format(name="second"), timeout=300)
+        assert r.error is None, r.error_text
+        with open(os.path.join(state, "second", "state.json")) as f:
+            assert json.load(f)["pid"] == again["pid"]
+        assert sorted(_forked(state, "second")) == ["chief-0", "ps-0", "worker-0"]
+        with open(os.path.join(state, "second", "supervisor.log")) as f:
+            log = f.read()
+        assert "its import differs from the job's (TF_ENABLE_ONEDNN_OPTS): a new fork server" in log, log
+
+        # and the pool it leaves for the next job dies with the kernel, as every pool does
+        again = _pool_record(state, k.pid)
+        os.kill(k.pid, signal.SIGKILL)
+        assert wait_gone([again["pid"], again["forkserver"] or again["pid"]], 15) == []
+    finally:
+        for k in ks:
+            k.shutdown()
 
 
 PROBE = """

@@ -142,9 +142,7 @@ class LocalBackend(DetachedJobs, Backend):
                 },
                 f,
             )
-        env = dict(os.environ)
-        env[ENV_NETNS] = "1" if prefix else "0"
-        env["PYTHONUNBUFFERED"] = "1"
+        env = self._supervisor_env(prefix)
         # a waiting warm pool of this kernel becomes the job's supervisor; a detached job starts fresh
         warm = None if detach else self._pool.take(d, env)
         self._pool_next = None if detach else (launch.env, prefix, env)
@@ -244,6 +242,27 @@ class LocalBackend(DetachedJobs, Backend):
         if self._pool_next is not None:
             launch_env, prefix, env = self._pool_next
             self._pool.start(prefix, launch_env, env)
+
+    def warm_up_first(self, launch_env: dict[str, str]) -> bool:
+        """A warm pool for this kernel's first job, started before there is one (the extension's load):
+        TensorFlow imports while the user prepares the cell. False, and nothing started, where the
+        pool's bounds or this server's isolation say no (the job then says why, if it cannot start)."""
+        try:
+            prefix = self._isolation_prefix()
+        except (JobSpecError, BackendUnavailable):
+            return False
+        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
+        self._pool_next = (launch_env, prefix, self._supervisor_env(prefix))
+        self._warm_up()
+        return self._pool.alive()
+
+    @staticmethod
+    def _supervisor_env(prefix: list[str]) -> dict[str, str]:
+        env = dict(os.environ)
+        env[ENV_NETNS] = "1" if prefix else "0"
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
 
     def idle_bytes(self) -> int:
         """Memory held by this kernel's waiting pool: free for the next job, which takes it over."""

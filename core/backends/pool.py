@@ -1,10 +1,11 @@
 """The kernel's warm pool for local jobs: one waiting supervisor whose fork server imported TensorFlow.
 
 Why: a job's supervisor forks its tasks from one TensorFlow import (runtime.forkserver), but that import
-still takes seconds at the job's start. After a job of this kernel ends, a warm supervisor
-(tfdist.runtime.warmpool) is started with its fork server (at most TFDIST_POOL_SIZE pooled processes per
-server, TFDIST_POOL_MEMORY bytes); the next `%%tfdist run` of this kernel hands it the job instead of
-starting a supervisor, and its tasks are forked at once.
+still takes seconds at the job's start. When the extension loads (TFDIST_POOL_ON_LOAD, local backend) and
+after each job of this kernel, a warm supervisor (tfdist.runtime.warmpool) is started with its fork server
+(at most TFDIST_POOL_SIZE pooled processes per server, TFDIST_POOL_MEMORY bytes); the next `%%tfdist run`
+of this kernel hands it the job instead of starting a supervisor, and its tasks are forked at once (or as
+soon as the server's import is done).
 
 Bounds and ownership: the pool is this kernel's alone (a child of the kernel, in the user's state
 directory: never shared between users). Its stdin is the kernel's pipe, the same lifeline as a job's, and

@@ -29,8 +29,11 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "TF_CPP_", "TF_ENABLE_", "KM
 IMPORT_TIME_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}  # what tasks set themselves
 UNCHECKED = {"PYTHONUNBUFFERED"}  # both run with -u
 # OMP_NUM_THREADS is set per task by taskenv; no OpenMP runtime is loaded by importing TensorFlow (CPU
-# build, checked in tests/test_warm_pool.py), so it is read later, after the fork became the task.
+# build, checked in tests/test_warm_pool.py), so it is read later, after the fork became the task. So are
+# Intel OpenMP's KMP_* (scikit-learn and joblib set two at their import, in the kernel: without this, a
+# pool started before the notebook imported them would start every task of its job fresh).
 LATE_READ = {"OMP_NUM_THREADS"}
+LATE_READ_PREFIXES = ("KMP_",)
 
 
 def import_time_mismatch(server_env: dict[str, str], task_env: dict[str, str]) -> list[str]:
@@ -38,7 +41,10 @@ def import_time_mismatch(server_env: dict[str, str], task_env: dict[str, str]) -
     keys = {
         k
         for k in (*server_env, *task_env)
-        if k.startswith(IMPORT_TIME_PREFIXES) and k not in UNCHECKED and k not in LATE_READ
+        if k.startswith(IMPORT_TIME_PREFIXES)
+        and not k.startswith(LATE_READ_PREFIXES)
+        and k not in UNCHECKED
+        and k not in LATE_READ
     }
     keys |= set(IMPORT_TIME_DEFAULTS)
     return sorted(

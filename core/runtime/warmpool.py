@@ -28,7 +28,7 @@ import sys
 from tfdist import memfit
 from tfdist.procid import ProcessId
 from tfdist.runtime import forkserver
-from tfdist.runtime.forked import ForkServer, import_env
+from tfdist.runtime.forked import ForkServer, import_env, import_time_mismatch
 from tfdist.settings import TaskSettings
 
 DROP_SHARE = 0.80  # an idle pool ends itself above this share of the server's memory limit
@@ -140,6 +140,13 @@ async def _main(server_pid: int | None, statefile: str) -> int:
     os.environ.clear()
     os.environ.update(req["env"])  # the kernel's environment now, as a supervisor started now would have
     _log_to(os.path.join(jobdir, "supervisor.log"))
+    if differ := import_time_mismatch(forks.env, import_env(dict(os.environ))):
+        # the notebook changed what TensorFlow's import reads since the pool started: each task would
+        # start fresh; one fork server started now under the job's environment serves them all instead
+        why = ", ".join(differ)
+        print(f"tfdist warm pool: its import differs from the job's ({why}): a new fork server", flush=True)
+        forks.close()
+        return await supervisor.serve(jobdir, None)
     return await supervisor.serve(jobdir, forks)
 
 

@@ -72,6 +72,14 @@ class KernelSettings(Group):
         "Bytes (or 2Gi, 1500Mi) the pooled processes of a server may hold. Not a size: the default.",
         fallback=True,
     )
+    pool_on_load = Var(
+        n.ENV_POOL_ON_LOAD,
+        _on_unless_0,
+        True,
+        "`%load_ext tfdist` starts the kernel's warm pool at once (local backend, within the pool's "
+        "bounds), so its first job is forked from TensorFlow imported meanwhile; `0`: the pool starts "
+        "after its first job (any other value keeps it on).",
+    )
     fork_tasks = Var(
         n.ENV_FORK_TASKS,
         _on_unless_0,
