@@ -120,13 +120,15 @@ def _batch_size(batch: Any) -> int:
     return int(first.shape[0])
 
 
-def warm_steps(model: Any, dataset: Any) -> tuple[Any, Any]:
+def warm_steps(model: Any, dataset: Any, after_first: Callable[[], None] = lambda: None) -> tuple[Any, Any]:
     """The model's own train step and its input, run WARMUP_STEPS times untimed (the first traces it):
-    a model or data that fit cannot take fails here."""
+    a model or data that fit cannot take fails here, before `after_first` is called."""
     it = iter(dataset.repeat())  # a tf.data iterator, as fit passes it (input time included, as in fit)
     fn = model.make_train_function(force=True)
-    for _ in range(WARMUP_STEPS):
+    for i in range(WARMUP_STEPS):
         fn(it)
+        if i == 0:
+            after_first()
     return fn, it
 
 
@@ -169,12 +171,16 @@ def step_bytes(model: Any, dataset: Any) -> list[int]:
 
 
 def measure(
-    model: Any, dataset: Any, split: int = 1, before_timing: Callable[[], None] = lambda: None
+    model: Any,
+    dataset: Any,
+    split: int = 1,
+    after_first_step: Callable[[], None] = lambda: None,
+    before_timing: Callable[[], None] = lambda: None,
 ) -> ProbeResult:
-    """The fit's steps, timed once `before_timing` returned (the tracing before it is not timed: it
-    overlaps the all-reduce workers' start, and a fit that cannot run fails without waiting for them)."""
+    """The fit's steps, timed once `before_timing` returned; `after_first_step`: the fit's first step ran
+    (a fit that cannot run has failed before it)."""
     batch = _batch_size(next(iter(dataset.take(1))))
-    warmed = warm_steps(model, dataset)
+    warmed = warm_steps(model, dataset, after_first_step)
     before_timing()
     step_s, timed, cores = time_steps(model, dataset, warmed)
     split_step: list[tuple[int, float]] = []
@@ -207,22 +213,48 @@ def main(argv: list[str]) -> int:
     layouts = [Layout.parse(k) for k in argv[3].split(",")] if len(argv) > 3 and argv[3] else []
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # helpers started first, so their imports overlap ours: the layouts' trials, or else the collective
-    # whose fixed costs all-reduce is predicted from
-    trials = Trials(layouts, bundle_path, os.path.dirname(os.path.abspath(out_path))) if layouts else None
-    collective = None if any(lay.ps == 0 for lay in layouts) else Collective()
+    helpers = _Helpers(layouts, bundle_path, os.path.dirname(os.path.abspath(out_path)))
     try:
-        return _probe(bundle_path, out_path, split, collective, trials)
+        return _probe(bundle_path, out_path, split, helpers)
     finally:
-        if trials is not None:
-            trials.close()
-        if collective is not None:
-            collective.close()
+        helpers.close()
 
 
-def _probe(
-    bundle_path: str, out_path: str, split: int, collective: Collective | None, trials: Trials | None
-) -> int:
+class _Helpers:
+    """The probe's helper processes: the layouts' trials, or else the collective whose fixed costs
+    all-reduce is predicted from. Started once the cell's fit has run one step here, so a cell that
+    cannot be planned is refused in the seconds the probe's own import takes, not after every helper's
+    TensorFlow import on the same cores (on 2 cores: ~40 s more per refused cell); their imports still
+    overlap the rest of the probe's warm-up."""
+
+    def __init__(self, layouts: list[Layout], bundle_path: str, workdir: str) -> None:
+        self.layouts, self.bundle_path, self.workdir = layouts, bundle_path, workdir
+        self.trials: Trials | None = None
+        self.collective: Collective | None = None
+
+    def start(self) -> None:
+        if self.layouts and self.trials is None:
+            self.trials = Trials(self.layouts, self.bundle_path, self.workdir)
+        if self.collective is None and not any(lay.ps == 0 for lay in self.layouts):
+            self.collective = Collective()
+
+    def wait_ready(self) -> None:  # their imports would slow the model's timed steps
+        if self.trials is not None:
+            self.trials.wait_ready()
+        if self.collective is not None:
+            try:
+                self.collective.wait_ready()
+            except RuntimeError:
+                pass  # said where its costs are measured
+
+    def close(self) -> None:
+        if self.trials is not None:
+            self.trials.close()
+        if self.collective is not None:
+            self.collective.close()
+
+
+def _probe(bundle_path: str, out_path: str, split: int, helpers: _Helpers) -> int:
     try:
         import cloudpickle
 
@@ -242,29 +274,21 @@ def _probe(
         namespace["tfdist_strategy"] = tf.distribute.get_strategy()  # as the job's cell sees one
         caught = catch_fit(bundle.source, bundle.line_offset, namespace)
         dataset, steps, epochs = fit_dataset(caught)
-
-        def helpers_up() -> None:  # their imports would slow the model's timed steps
-            if trials is not None:
-                trials.wait_ready()
-            if collective is not None:
-                try:
-                    collective.wait_ready()
-                except RuntimeError:
-                    pass  # said below, where its costs are measured
-
-        result = measure(caught.model, dataset, split, before_timing=helpers_up)
+        result = measure(
+            caught.model, dataset, split, after_first_step=helpers.start, before_timing=helpers.wait_ready
+        )
         result.steps_per_epoch, result.epochs = steps, epochs
     except Exception as exc:
         with open(out_path, "w") as f:
             json.dump({"error": f"{type(exc).__name__}: {str(exc)[:500]}"}, f)
         return 1
-    if trials is not None:
-        run_trials(trials, result)
+    if helpers.trials is not None:
+        run_trials(helpers.trials, result)
     errors = []
-    helpers: list[tuple[str, Callable[[int], dict[str, float]]]] = [("PS", measure_ps_costs)]
-    if collective is not None:
-        helpers.append(("all-reduce", collective.measure))
-    for what, fn in helpers:
+    costs: list[tuple[str, Callable[[int], dict[str, float]]]] = [("PS", measure_ps_costs)]
+    if helpers.collective is not None:
+        costs.append(("all-reduce", helpers.collective.measure))
+    for what, fn in costs:
         try:  # the plan still stands without them, on assumed costs, and says so
             result.costs |= within(fn, result.grad_bytes)
         except TimeoutError:

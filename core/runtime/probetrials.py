@@ -204,8 +204,9 @@ def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str,
 
 # ---------------------------------------------------------------------------------------------- the probe
 class Trials:
-    """The trial processes of every layout, started before the probe imports TensorFlow, run one layout
-    at a time (each has the machine to itself) after the probe's own timing."""
+    """The trial processes of every layout, started once the cell's fit ran its first step in the probe
+    (runtime.probe), run one layout at a time (each has the machine to itself) after the probe's own
+    timing."""
 
     def __init__(self, layouts: list[Layout], bundle_path: str, workdir: str) -> None:
         from tfdist.runtime.probecosts import _free_ports
