@@ -27,12 +27,16 @@ Measured from the cell's start (bare: LAUNCH_T0, when the benchmark creates the 
   first_step   tfdist only: the first step its heartbeat counted (every 2 s; bare: Keras allows no batch
                callback under ParameterServerStrategy)
   epoch_1      the end of the first epoch (the headline; bare: the file's own JSON line)
-and steps/s after the first epoch (epochs 2..4). Each figure is the median of the repeats.
+and steps/s after the first epoch (epochs 2..4); from the cell's start to the end of the first epoch, CPU
+seconds: the whole machine busy (cpu_machine_busy_s), the kernel process (cpu_kernel_s), every container
+(cpu_containers_s: the job's pods and the notebook pod's) and the seconds their CFS limits throttled them
+(throttled_containers_s), from the cgroups, sampled every 0.2 s. Each figure is the median of the repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -188,13 +192,80 @@ class PodClock(threading.Thread):
             time.sleep(0.2)
 
 
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu/k8s.io")  # containerd's containers (cgroup v1, cgroupfs driver)
+CGROUP_ACCT = Path("/sys/fs/cgroup/cpuacct/k8s.io")
+
+
+def _containers() -> dict[str, tuple[float, float]]:
+    """Each container's CPU seconds used and seconds throttled by its CFS limit, so far."""
+    out: dict[str, tuple[float, float]] = {}
+    for d in CGROUP_ACCT.glob("*/cpuacct.usage"):
+        cid = d.parent.name
+        try:
+            used = int(d.read_text()) / 1e9
+            stat = dict(line.split() for line in (CGROUP_CPU / cid / "cpu.stat").read_text().splitlines())
+            out[cid] = (used, int(stat.get("throttled_time", 0)) / 1e9)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+class CpuClock(threading.Thread):
+    """Where the machine's CPU went from a run's start: the kernel process, every container (the job's
+    pods, and the notebook's), the whole machine busy, and the containers' CFS throttling, sampled every
+    0.2 s; `until(t)` sums them up to the last sample before t."""
+
+    def __init__(self, kernel_pid: int | None):
+        super().__init__(daemon=True)
+        import psutil
+
+        self.kernel = psutil.Process(kernel_pid) if kernel_pid else None
+        self.samples: list[tuple[float, float, float, dict[str, tuple[float, float]]]] = []
+        self.stop = threading.Event()
+
+    def _sample(self) -> None:
+        import psutil
+
+        t = psutil.cpu_times()
+        busy = t.user + t.nice + t.system + t.irq + t.softirq + t.steal
+        kernel = 0.0
+        if self.kernel is not None:
+            with contextlib.suppress(psutil.Error):
+                c = self.kernel.cpu_times()
+                kernel = c.user + c.system
+        self.samples.append((time.time(), busy, kernel, _containers()))
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self._sample()
+            time.sleep(0.2)
+
+    def until(self, t_end: float) -> dict[str, float]:
+        first = self.samples[0]
+        last = [s for s in self.samples if s[0] <= t_end][-1]
+        used = throttled = 0.0
+        for cid, (u, th) in last[3].items():
+            u0, th0 = first[3].get(cid, (0.0, 0.0))
+            used, throttled = used + u - u0, throttled + th - th0
+        return {
+            "cpu_machine_busy_s": round(last[1] - first[1], 2),
+            "cpu_kernel_s": round(last[2] - first[2], 2),
+            "cpu_containers_s": round(used, 2),
+            "throttled_containers_s": round(throttled, 2),
+        }
+
+
 def run_tfdist(k: Any, line: str, clock: PodClock | None = None) -> dict[str, Any]:
     k.run(RECORD, timeout=60)
+    cpu = CpuClock(getattr(k, "pid", None))
+    cpu._sample()
+    cpu.start()
     if clock:
         clock.start()
     t0 = time.time()
     r = k.run(line, timeout=1200)
     cell_s = time.time() - t0
+    cpu.stop.set()
     if clock:
         clock.stop.set()
     assert r.error is None, r.error_text
@@ -204,6 +275,7 @@ def run_tfdist(k: Any, line: str, clock: PodClock | None = None) -> dict[str, An
     out |= phases([(t, ev) for t, ev in kernel_value(k, "_bench_events")], t0)
     ends = kernel_value(k, "ends")
     out["epoch_1"] = round(ends[0] - t0, 2)
+    out |= cpu.until(ends[0])
     if out["first_step"] is not None:  # the heartbeat reads the step counter every 2 s
         out["first_step"] = min(out["first_step"], out["epoch_1"])
     out["steps_per_s"] = steps_per_s(ends)
@@ -244,6 +316,9 @@ def run_bare(cluster: RealCluster, ns: str, name: str, image: str, files: dict[s
         launch_t0=t0,
         node=realnode.NODE_NAME,
     )
+    cpu = CpuClock(None)
+    cpu._sample()
+    cpu.start()
     clock.start()
     try:
         for o in objs:
@@ -273,6 +348,8 @@ def run_bare(cluster: RealCluster, ns: str, name: str, image: str, files: dict[s
     for key in ("servers", "fit_start"):
         out[key] = round(m["chief-0"][key] - t0, 2) if key in m["chief-0"] else None
     out["epoch_1"] = got["launch_to_first_epoch_s"]
+    cpu.stop.set()
+    out |= cpu.until(t0 + got["launch_to_first_epoch_s"])
     out["steps_per_s"] = got["steps_per_s_after_first_epoch"]
     deadline = time.monotonic() + 120
     while rest := bare_left(cluster, ns, name):
@@ -288,7 +365,8 @@ def median(rows: list[dict], key: str) -> float | None:
 
 def summarize(results: dict[str, list[dict]]) -> dict[str, Any]:
     keys = ["k8s_scheduled", "k8s_running", "k8s_serving", "tf_imported", "payload", "coordinator", "servers",
-            "fit_start", "first_step", "epoch_1", "steps_per_s", "cell"]  # fmt: skip
+            "fit_start", "first_step", "epoch_1", "steps_per_s", "cell", "cpu_machine_busy_s", "cpu_kernel_s",
+            "cpu_containers_s", "throttled_containers_s"]  # fmt: skip
     med = {way: {k: v for k in keys if (v := median(rows, k)) is not None} for way, rows in results.items()}
 
     def ratio(a: str, b: str, key: str) -> float | None:
