@@ -213,7 +213,7 @@ def encode(name: str, value: Any, models: dict[str, Any] | None = None) -> tuple
     if _is_tensor(value):
         return "tf_tensor", pickle.dumps((type(value).__name__ == "ResourceVariable", value.numpy()))
     try:
-        return "pickle", _dumps_result(value, models or {})
+        return "pickle", _dumps_refs(value, models or {})
     except Exception as exc:
         raise ShippingError(
             name,
@@ -274,7 +274,7 @@ def decode(
         is_var, value = pickle.loads(data)
         return tf.Variable(value) if is_var else tf.constant(value)
     if kind == "pickle":
-        return _loads_result(data, decoded or {})
+        return _loads_refs(data, decoded or {})
     raise ValueError(f"unknown bundle entry kind {kind!r}")
 
 
@@ -300,11 +300,12 @@ class Results:
 # comes back pointing at the notebook's own model object, not a copy: the reference is written as
 # (REF_MODEL, name) and resolved in the kernel. Pickling the coordinator's model instead would ship it as a
 # `.keras` archive that the kernel's Keras registry may not be able to read (the notebook's custom layers).
+# The bundle's pickled values go the same way: on the coordinator they hold the model the job trains.
 REF_MODEL = "tfdist-model"
 REF_OPTIMIZER = "tfdist-model-optimizer"
 
 
-class _ResultPickler(cloudpickle.Pickler):
+class _ModelRefPickler(cloudpickle.Pickler):
     def __init__(self, file: io.BytesIO, models: dict[str, Any]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._refs: dict[int, tuple[str, str]] = {}
@@ -318,7 +319,7 @@ class _ResultPickler(cloudpickle.Pickler):
         return self._refs.get(id(obj))
 
 
-class _ResultUnpickler(pickle.Unpickler):
+class _ModelRefUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, namespace: dict[str, Any]) -> None:
         super().__init__(file)
         self._ns = namespace
@@ -333,14 +334,14 @@ class _ResultUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"it refers to the notebook's {name!r}, which is no longer there")
 
 
-def _dumps_result(value: Any, models: dict[str, Any]) -> bytes:
+def _dumps_refs(value: Any, models: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
-    _ResultPickler(buf, models).dump(value)
+    _ModelRefPickler(buf, models).dump(value)
     return buf.getvalue()
 
 
-def _loads_result(blob: bytes, namespace: dict[str, Any]) -> Any:
-    return _ResultUnpickler(io.BytesIO(blob), namespace).load()
+def _loads_refs(blob: bytes, namespace: dict[str, Any]) -> Any:
+    return _ModelRefUnpickler(io.BytesIO(blob), namespace).load()
 
 
 def pack_results(namespace: dict[str, Any], binds: list[str], models: dict[str, Any]) -> bytes:
@@ -370,7 +371,7 @@ def pack_results(namespace: dict[str, Any], binds: list[str], models: dict[str, 
         elif type(value).__module__ in ("builtins",) and type(value).__name__ == "module":
             continue
         try:
-            res.values[name] = _dumps_result(value, models)
+            res.values[name] = _dumps_refs(value, models)
         except Exception as exc:
             res.skipped[name] = f"{type(value).__name__} cannot be pickled ({type(exc).__name__})"
     return pickle.dumps(res, protocol=pickle.HIGHEST_PROTOCOL)
@@ -392,7 +393,7 @@ def apply_results(data: bytes, namespace: dict[str, Any]) -> Results:
                 res.skipped[name] = f"its trained weights do not fit it any more ({_brief(exc)})"
     for name, blob in list(res.values.items()):
         try:
-            value = _loads_result(blob, namespace)
+            value = _loads_refs(blob, namespace)
             if isinstance(value, HistoryRecord):
                 value = _history(value, namespace)
         except Exception as exc:
