@@ -4,11 +4,11 @@ server pod's TensorFlow server is waited for before the sampler and the agent li
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
 
+from tests.kube_plane import free_port
 from tfdist.runtime import podmain
 
 
@@ -24,14 +24,8 @@ def test_the_pod_entry_point_imports_neither_pydantic_nor_aiohttp():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_wait_serving_returns_once_the_server_listens():
-    port = _free_port()
+    port = free_port()
     server = (
         "import socket, time\ntime.sleep(1.0)\ns = socket.socket()\n"
         f"s.bind(('0.0.0.0', {port}))\ns.listen()\ntime.sleep(30)\n"
@@ -49,7 +43,7 @@ def test_wait_serving_returns_once_the_server_listens():
 
 
 def test_wait_serving_gives_up_when_the_server_dies_or_never_listens():
-    port = _free_port()
+    port = free_port()
     dead = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     t0 = time.monotonic()
     assert not podmain.wait_serving(dead, port, timeout=30)

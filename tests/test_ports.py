@@ -7,17 +7,12 @@ import socket
 import threading
 import time
 
+from tests.kube_plane import free_port
 from tfdist.runtime.ports import wait_all
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_returns_once_a_late_server_listens():
-    port = _free_port()
+    port = free_port()
     late = socket.socket()
     late.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
@@ -39,7 +34,7 @@ def test_returns_once_a_late_server_listens():
 
 
 def test_gives_up_at_its_bound_and_names_what_never_answered():
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     assert wait_all([f"127.0.0.1:{port}"], timeout=0.4) == [f"127.0.0.1:{port}"]
     assert time.monotonic() - t0 < 1.5

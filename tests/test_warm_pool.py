@@ -93,6 +93,15 @@ def _forked(state_dir: str, name: str) -> dict[str, int]:
     return {m[0]: int(m[1]) for m in re.findall(r"fork server: (\S+) is forked process (\d+)", log)}
 
 
+def _ran_in_pool(state_dir: str, name: str, pool: dict) -> dict:
+    """Job `name` succeeded, run by the supervisor of the pool whose record is `pool`; its state.json."""
+    with open(os.path.join(state_dir, name, "state.json")) as f:
+        st = json.load(f)
+    assert st["state"] == "succeeded", st
+    assert st["pid"] == pool["pid"], f"job {name} did not run in the pool's supervisor"
+    return st
+
+
 def _thread_names(p: psutil.Process) -> list[str]:
     out = []
     for t in p.threads():
@@ -198,10 +207,7 @@ def test_a_job_taken_while_the_pool_still_imports_runs_its_cell_and_logs_it(tmp_
         assert not rec["ready"], rec  # taken before TensorFlow is imported
         r = k.execute(PLAIN.format(name="second"), timeout=300)
         assert r.error is None, r.error_text
-        with open(os.path.join(state, "second", "state.json")) as f:
-            st = json.load(f)
-        assert st["state"] == "succeeded", st
-        assert st["pid"] == rec["pid"], "the job did not run in the pool's supervisor"
+        st = _ran_in_pool(state, "second", rec)
         forked = _forked(state, "second")
         assert forked == {t: int(v["pid"]) for t, v in st["tasks"].items()}, (forked, st["tasks"])
         with open(os.path.join(state, "second", "logs", "chief-0.log")) as f:
@@ -247,10 +253,7 @@ def test_the_extension_load_starts_the_pool_for_the_first_job(tmp_path):
         assert k.execute("import os; os.environ['KMP_INIT_AT_FORK'] = 'FALSE'", timeout=30).error is None
         r = k.execute(PLAIN.format(name="first"), timeout=300)
         assert r.error is None, r.error_text
-        with open(os.path.join(state, "first", "state.json")) as f:
-            st = json.load(f)
-        assert st["state"] == "succeeded", st
-        assert st["pid"] == rec["pid"], "the first job did not run in the pool started at the load"
+        _ran_in_pool(state, "first", rec)  # the pool the load started
         assert sorted(_forked(state, "first")) == ["chief-0", "ps-0", "worker-0"]
         with open(os.path.join(state, "first", "supervisor.log")) as f:
             assert "a new fork server" not in f.read()
@@ -262,8 +265,7 @@ def test_the_extension_load_starts_the_pool_for_the_first_job(tmp_path):
         assert k.execute("os.environ['TF_ENABLE_ONEDNN_OPTS'] = '0'", timeout=30).error is None
         r = k.execute(PLAIN.format(name="second"), timeout=300)
         assert r.error is None, r.error_text
-        with open(os.path.join(state, "second", "state.json")) as f:
-            assert json.load(f)["pid"] == again["pid"]
+        _ran_in_pool(state, "second", again)
         assert sorted(_forked(state, "second")) == ["chief-0", "ps-0", "worker-0"]
         with open(os.path.join(state, "second", "supervisor.log")) as f:
             log = f.read()
