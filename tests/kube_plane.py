@@ -545,6 +545,35 @@ class ControlPlane:
                 return None
             raise
 
+    @contextlib.contextmanager
+    def watching(self, list_path: str, seconds: int = 120):
+        """Every watch event on `list_path` from now on, in order, into the list this yields: a record of
+        each object's history that a later GET cannot give (the watch starts at the list's resourceVersion,
+        so nothing between the two is missed). The list is complete once the block ends."""
+        rv = self.request("GET", list_path)["metadata"]["resourceVersion"]
+        sep = "&" if "?" in list_path else "?"
+        url = f"{self.server}{list_path}{sep}watch=1&allowWatchBookmarks=false&resourceVersion={rv}"
+        events: list[dict] = []
+        req = urllib.request.Request(f"{url}&timeoutSeconds={seconds}")
+        req.add_header("Authorization", f"Bearer {self.token}")
+        resp = urllib.request.urlopen(req, context=self._ssl, timeout=seconds + 10)
+
+        def read() -> None:
+            with contextlib.suppress(OSError, ValueError):
+                for line in resp:
+                    events.append(json.loads(line))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            yield events
+        finally:
+            time.sleep(0.5)  # events already sent but not yet read
+            with contextlib.suppress(AttributeError, OSError):  # wakes the reader's blocking read
+                resp.fp.raw._sock.shutdown(socket.SHUT_RDWR)
+            reader.join(5)
+            resp.close()
+
     def kubectl(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run kubectl (if scripts/build-k8s built it) against this plane."""
         return subprocess.run(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kueue_fixtures import until
 from tests.test_k8s_backend import backend, get, left, spec, wait_gone
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
@@ -32,34 +31,51 @@ def jobs_of(plane, ns: str, job: str) -> dict[str, dict]:
     return {j["metadata"]["name"]: j for j in body["items"]}
 
 
-def resumed(job: dict) -> bool:
-    """The Job was created suspended and then resumed (the Job controller's own record of it)."""
-    return any(
-        c["type"] == "Suspended" and c["status"] == "False" and c.get("reason") == "JobResumed"
-        for c in (job.get("status") or {}).get("conditions") or []
-    )
-
-
 async def test_every_job_is_created_suspended_and_resumed_together(k8s_plane, k8s_namespace):
     """No task Job runs pods before the job's other objects (its token Secret above all) exist: each one
-    was created suspended and resumed with the root once everything was in."""
+    was created suspended and resumed only once everything was in.
+
+    The API server's watch is the record: the Job controller's JobResumed condition is not, since a
+    controller that first syncs a Job after its resume never writes one (CI on e3612d4)."""
     from tests.test_k8s_backend import collect
 
-    b = backend(k8s_plane, k8s_namespace)
+    ns = k8s_namespace
+    b = backend(k8s_plane, ns)
+    selector = f"labelSelector={kn.L_JOB}%3Dtogether"
     try:
-        await b.submit(spec("together", k8s_namespace, workers=2, ps=1), b"p", Launch())
-        await collect(b, "together", lambda ev, _: ev.type == "state" and ev.state == "running")
-        jobs = jobs_of(k8s_plane, k8s_namespace, "together")
-        assert sorted(jobs) == ["together", "together-ps", "together-worker"]
+        with (
+            k8s_plane.watching(f"/apis/batch/v1/namespaces/{ns}/jobs?{selector}") as job_events,
+            k8s_plane.watching(f"/api/v1/namespaces/{ns}/secrets") as secret_events,
+        ):
+            await b.submit(spec("together", ns, workers=2, ps=1), b"p", Launch())
+            await collect(b, "together", lambda ev, _: ev.type == "state" and ev.state == "running")
+        assert sorted(jobs_of(k8s_plane, ns, "together")) == ["together", "together-ps", "together-worker"]
 
-        # The Job controller writes its JobResumed condition after it creates the pods, so a job can be
-        # running before the last condition is in (CI on 36c62e3): wait for it, briefly.
-        def all_resumed() -> dict[str, dict] | None:
-            now = jobs_of(k8s_plane, k8s_namespace, "together")
-            return now if all(map(resumed, now.values())) else None
+        def suspend(ev: dict) -> bool:
+            return ev["object"]["spec"].get("suspend") is True
 
-        jobs = await until("every Job's JobResumed condition", all_resumed, timeout=15)
-        assert {n: resumed(j) for n, j in jobs.items()} == dict.fromkeys(jobs, True)
+        added = {ev["object"]["metadata"]["name"]: ev for ev in job_events if ev["type"] == "ADDED"}
+        assert sorted(added) == ["together", "together-ps", "together-worker"]
+        assert all(map(suspend, added.values())), "a Job was created running"
+        first_resume: dict[str, int] = {}  # each Job's first event with suspend false: its resume
+        for i, ev in enumerate(job_events):
+            if ev["type"] == "MODIFIED" and not suspend(ev):
+                first_resume.setdefault(ev["object"]["metadata"]["name"], i)
+        assert sorted(first_resume) == sorted(added), "a Job was never resumed"
+        # Every Job was created before any was resumed: all of the job's objects were in by then.
+        assert max(job_events.index(ev) for ev in added.values()) < min(first_resume.values())
+        # And the token Secret before them (one etcd: resourceVersions of one store are ordered).
+        tokens = [
+            ev
+            for ev in secret_events
+            if ev["type"] == "ADDED" and ev["object"]["metadata"]["name"] == "together-token"
+        ]
+        assert tokens, "no token Secret was created"
+        token_rv = int(tokens[0]["object"]["metadata"]["resourceVersion"])
+        resume_rvs = [
+            int(job_events[i]["object"]["metadata"]["resourceVersion"]) for i in first_resume.values()
+        ]
+        assert token_rv < min(resume_rvs)
     finally:
         await b.close()
 
