@@ -44,7 +44,7 @@ def test_a_trial_that_cannot_run_says_why_and_ends_its_processes(tmp_path):
     bundle.write_bytes(b"not a bundle")
     trials = Trials([Layout(1, 1), Layout(2, 0)], str(bundle), str(tmp_path))
     pids = [p.pid for procs in trials.procs.values() for p in procs]
-    assert len(pids) == 4  # a worker server, the 1x1 coordinator, two all-reduce workers
+    assert len(pids) == 5  # a worker and a PS server, the 1x1 coordinator, two all-reduce workers
     try:
         trials.wait_ready()
         assert trials.failed == {}
@@ -90,5 +90,76 @@ def test_trial_processes_die_with_the_probe(tmp_path):
             time.sleep(0.05)
         else:
             pytest.fail("the trial process outlived the probe")
+    finally:
+        probe.kill()
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+FORKED_PROBE = """
+import json, sys, time
+from tfdist.runtime.probehelpers import ForkedHelper, HelperLauncher, helper_env
+from tfdist.runtime.probetrials import Layout, Trials
+launcher = HelperLauncher()
+launcher.start(helper_env())
+t = Trials([Layout(1, 1), Layout(2, 0)], "no-bundle", sys.argv[1], launcher)
+t.wait_ready()
+procs = [p for ps in t.procs.values() for p in ps]
+errors = {}
+for layout in t.layouts:
+    try:
+        t.run(layout, 3, 2)
+    except RuntimeError as exc:
+        errors[layout.key] = str(exc)
+t.close()
+left = Trials([Layout(1, 1)], "no-bundle", sys.argv[1], launcher)  # still up when the probe is killed
+left.wait_ready()
+print(json.dumps({
+    "forked": [isinstance(p, ForkedHelper) for p in procs],
+    "codes": [p.returncode for p in procs],
+    "errors": errors,
+    "failed": t.failed,
+    "left": [p.pid for ps in left.procs.values() for p in ps],
+    "server": launcher._server.pid,
+}), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_the_probes_helpers_are_forked_from_one_import_and_die_with_it(tmp_path):
+    """With the probe's fork server (runtime.probehelpers), every trial process is forked from its one
+    TensorFlow import, is the probe's own child, reads its word on stdin as a fresh one does (each layout
+    runs and says why it has no trial), is reaped by the probe, and dies with it (SIGKILL)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    probe = subprocess.Popen(
+        [sys.executable, "-c", FORKED_PROBE, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        got = json.loads(probe.stdout.readline())
+        assert got["forked"] == [True] * 5, got
+        assert got["failed"] == {}, got
+        assert set(got["errors"]) == {"1x1", "ar2"} and all(got["errors"].values()), got
+        assert all(code is not None for code in got["codes"]), got  # reaped, not left as zombies
+        left = [psutil.Process(pid) for pid in got["left"]]
+        assert len(left) == 3 and all(p.ppid() == probe.pid for p in left)
+        assert not any(n.endswith(".tmp") for n in os.listdir(tmp_path))
+        probe.kill()
+        probe.wait()
+        deadline = time.monotonic() + 10
+        alive = [*left, psutil.Process(got["server"])]
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if _running(p)]
+            time.sleep(0.05)
+        assert alive == [], "a forked helper or the fork server outlived the probe"
     finally:
         probe.kill()

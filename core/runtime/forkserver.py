@@ -13,8 +13,9 @@ Each job's supervisor starts one (runtime.forked) the moment it starts; a kernel
 (runtime.warmpool) starts one before its next job exists, named IDLE_NAME while it waits ("idle").
 
 Protocol: it sends b"R" once TensorFlow is imported. Each message then is a task, {"module", "argv", "env",
-"cwd", "fds"}, with the task's stdout (stdout and stderr both go there) and then the file descriptors a
-fresh process would have inherited (`fds` their numbers there). It answers {"pid": N} or {"error": why}.
+"cwd", "fds", "stdin"}, with the task's stdout (stdout and stderr both go there), its stdin where "stdin"
+is true, and then the file descriptors a fresh process would have inherited (`fds` their numbers there).
+It answers {"pid": N} or {"error": why}.
 The task becomes what `python -u -m MODULE ARGV...` started with that environment would be: os.environ
 replaced (TensorFlow reads TF_CONFIG, its thread pool sizes and CUDA_VISIBLE_DEVICES when a server or eager
 context starts, not at import; tasks whose import-time variables differ start fresh, see
@@ -100,12 +101,13 @@ def _install_fds(expected: list[int], received: list[int], env: dict[str, str]) 
 
 def become(spec: dict, fds: list[int]) -> None:
     """Run the task `spec` names in this process, as `python -u -m MODULE ARGV...` started with its
-    environment, working directory and `fds` would; fd 0 (the socket it came on) becomes /dev/null."""
+    environment, working directory and `fds` would; fd 0 (the socket it came on) becomes /dev/null, or,
+    where `spec["stdin"]` is true, the first of `fds` (the plan's probe talks to its helpers there)."""
     env = {str(k): str(v) for k, v in spec["env"].items()}
+    stdin = fds.pop(0) if spec.get("stdin") else os.open(os.devnull, os.O_RDONLY)
     _install_fds([int(n) for n in spec.get("fds", [])], fds, env)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)  # closes the pool's socket; a fresh task's stdin is /dev/null too
-    os.close(devnull)
+    os.dup2(stdin, 0)  # closes the pool's socket; a fresh task's stdin is /dev/null too
+    os.close(stdin)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(spec["cwd"])

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tfdist.runtime.probecosts import FIXED_COSTS_TIMEOUT_S, Collective, measure_ps_costs, within
+from tfdist.runtime.probehelpers import HelperLauncher, helper_env
 from tfdist.runtime.probetrials import Layout, Trials, trial_shape
 from tfdist.settings import KernelSettings
 
@@ -213,11 +214,17 @@ def main(argv: list[str]) -> int:
     layouts = [Layout.parse(k) for k in argv[3].split(",")] if len(argv) > 3 and argv[3] else []
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    helpers = _Helpers(layouts, bundle_path, os.path.dirname(os.path.abspath(out_path)))
+    from tfdist.taskenv import ensure_threads
+
+    ensure_threads()  # before the helpers' fork server imports TensorFlow: their pools are the probe's
+    launcher = HelperLauncher()
+    launcher.start(helper_env())  # its import shares the cores with the probe's own, not after it
+    helpers = _Helpers(layouts, bundle_path, os.path.dirname(os.path.abspath(out_path)), launcher)
     try:
         return _probe(bundle_path, out_path, split, helpers)
     finally:
         helpers.close()
+        launcher.close()
 
 
 class _Helpers:
@@ -227,16 +234,19 @@ class _Helpers:
     TensorFlow import on the same cores (on 2 cores: ~40 s more per refused cell); their imports still
     overlap the rest of the probe's warm-up."""
 
-    def __init__(self, layouts: list[Layout], bundle_path: str, workdir: str) -> None:
+    def __init__(
+        self, layouts: list[Layout], bundle_path: str, workdir: str, launcher: HelperLauncher
+    ) -> None:
         self.layouts, self.bundle_path, self.workdir = layouts, bundle_path, workdir
+        self.launcher = launcher
         self.trials: Trials | None = None
         self.collective: Collective | None = None
 
     def start(self) -> None:
         if self.layouts and self.trials is None:
-            self.trials = Trials(self.layouts, self.bundle_path, self.workdir)
+            self.trials = Trials(self.layouts, self.bundle_path, self.workdir, self.launcher)
         if self.collective is None and not any(lay.ps == 0 for lay in self.layouts):
-            self.collective = Collective()
+            self.collective = Collective(self.launcher)
 
     def wait_ready(self) -> None:  # their imports would slow the model's timed steps
         if self.trials is not None:

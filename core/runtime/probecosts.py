@@ -10,11 +10,15 @@ Usage (the all-reduce workers): python -m tfdist.runtime.probecosts RANK PORTS O
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tfdist.runtime.probehelpers import HelperLauncher
 
 PS_CLOSURES = 30
 COLLECTIVE_ROUNDS = 8
@@ -193,29 +197,20 @@ def collective_worker(out_path: str, rank: int, ports: list[int]) -> None:
 class Collective:
     """Two all-reduce workers, started before the probe imports TensorFlow, timed after its model."""
 
-    def __init__(self) -> None:
-        import subprocess
+    def __init__(self, launcher: HelperLauncher | None = None) -> None:
         import tempfile
+
+        from tfdist.runtime.probehelpers import HelperLauncher, helper_env
 
         self.failed = ""
         self._dir = tempfile.TemporaryDirectory(prefix="tfdist-probe-")
         self.out = os.path.join(self._dir.name, "collective.json")
         ports = ",".join(map(str, _free_ports(2)))
-        argv = [sys.executable, "-m", "tfdist.runtime.probecosts"]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        self.procs = []
-        for r in range(2):
-            with open(f"{self.out}.err{r}", "w") as err:  # a file: a pipe nobody reads would fill
-                self.procs.append(
-                    subprocess.Popen(
-                        [*argv, str(r), ports, self.out],
-                        env=env,
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL,
-                        stderr=err,
-                        text=True,
-                    )
-                )
+        launch, env = launcher or HelperLauncher(), helper_env()
+        self.procs = [
+            launch.spawn("tfdist.runtime.probecosts", [str(r), ports, self.out], env, f"{self.out}.err{r}")
+            for r in range(2)
+        ]
 
     def wait_ready(self, timeout: float = COLLECTIVE_TIMEOUT_S) -> None:
         if self.failed:  # waited for once already
@@ -256,6 +251,9 @@ class Collective:
             if p.poll() is None:
                 p.kill()
             p.wait()
+            if p.stdin is not None:
+                with contextlib.suppress(OSError):
+                    p.stdin.close()
         self._dir.cleanup()  # idempotent
 
 

@@ -5,11 +5,12 @@ turns on the same cores, and a layout's pace is what they leave each other. So f
 probe (`tfdist.runtime.probe`) runs the cell's own fit under each layout's real strategy for a few steps,
 the cell executed under the strategy's scope as the job's coordinator executes it:
 
-* PS: worker servers in processes of their own (`serve`), shared by every PS layout in turn, and one
-  coordinator process per layout holding its PS in-process (a process cannot reconnect to another
-  cluster; a worker server takes each new coordinator's cluster, as it does after a coordinator's
-  restart). Workers inside the coordinator's process were measured here to hide what a second worker
-  gains (their closures share its pools; with the job's two inter-op threads they deadlock).
+* PS: worker and PS servers in processes of their own (`serve`), as the job runs them, shared by every
+  PS layout in turn, and one coordinator process per layout (a process cannot reconnect to another
+  cluster; a server takes each new coordinator's cluster, as it does after a coordinator's restart).
+  Servers inside the coordinator's process were measured here to hide what a second worker gains:
+  workers there share its pools (with the job's two inter-op threads they deadlock), and a PS there
+  put 2 workers at 0.90-1.10x one where the job measured 1.08-1.40x (advisor-rerun-2026-12-03.json).
 * All-reduce: MultiWorkerMirroredStrategy over its N worker processes.
 
 One fit of 1 + R epochs of K steps (K the fit's own steps per epoch where that is affordable): the first
@@ -21,8 +22,8 @@ The processes start with the probe (their imports overlap its own), wait for a w
 trial, write its JSON and end; they die with the probe (PR_SET_PDEATHSIG) and on stdin's end.
 
 Usage: python -m tfdist.runtime.probetrials LAYOUT RANK PORTS BUNDLE OUT_JSON
-(LAYOUT: WxP for W workers and P PS, arN for all-reduce over N workers, `serve` for a worker server;
-PORTS comma-separated: a PS layout's are its workers' then its PS's.)
+(LAYOUT: WxP for W workers and P PS, arN for all-reduce over N workers, `serveW` for the servers of the
+PS layouts, W of them workers and the rest PS; PORTS comma-separated: workers' first, then the PS's.)
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tfdist.runtime.probehelpers import ForkedHelper, HelperLauncher
 
 TRIAL_TIMEOUT_S = 90.0
 READY_TIMEOUT_S = 90.0
@@ -53,7 +57,7 @@ class Layout:
 
     @property
     def processes(self) -> int:
-        """All-reduce runs one process per worker; a PS layout's servers all live in one."""
+        """All-reduce runs one process per worker; a PS layout one, its coordinator (its servers shared)."""
         return self.workers if self.ps == 0 else 1
 
     @classmethod
@@ -134,31 +138,23 @@ def _spec(workers: list[int], ps: list[int]) -> dict[str, list[str]]:
 
 
 def _ps_strategy(layout: Layout, ports: list[int]) -> Any:
-    """The layout's strategy: its PS in this process, its workers the shared `serve` processes."""
+    """The layout's strategy over the first of the shared `serve` processes: its workers, then its PS."""
     import tensorflow as tf
 
     cluster = tf.train.ClusterSpec(_spec(ports[: layout.workers], ports[layout.workers :]))
-    config = tf.compat.v1.ConfigProto()
-    config.inter_op_parallelism_threads = 4  # fewer deadlocks the in-process servers' closures
-    servers = [
-        tf.distribute.Server(cluster, job_name="ps", task_index=i, protocol="grpc", config=config, start=True)
-        for i in range(layout.ps)
-    ]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    strategy._tfdist_servers = servers  # ended with this process: tearing them down takes seconds
-    return strategy
+    return tf.distribute.ParameterServerStrategy(resolver)
 
 
-def serve(rank: int, ports: list[int], out_path: str) -> None:
-    """A worker server for the PS layouts' trials (PORTS: every worker's, then placeholders for PS that
-    each coordinator brings): ready (a file), then serving until stdin ends (the probe done or gone)."""
+def serve(rank: int, workers: int, ports: list[int], out_path: str) -> None:
+    """A server for the PS layouts' trials, a worker for the first `workers` ranks and a PS after them:
+    ready (a file), then serving until stdin ends (the probe done or gone)."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     import tensorflow as tf
 
-    half = len(ports) // 2
-    cluster = tf.train.ClusterSpec(_spec(ports[:half], ports[half:]))
-    server = tf.distribute.Server(cluster, job_name="worker", task_index=rank, protocol="grpc", start=True)
+    cluster = tf.train.ClusterSpec(_spec(ports[:workers], ports[workers:]))
+    job, index = ("worker", rank) if rank < workers else ("ps", rank - workers)
+    server = tf.distribute.Server(cluster, job_name=job, task_index=index, protocol="grpc", start=True)
     open(f"{out_path}.ready{rank}", "w").close()
     sys.stdin.read()
     del server
@@ -208,46 +204,39 @@ class Trials:
     (runtime.probe), run one layout at a time (each has the machine to itself) after the probe's own
     timing."""
 
-    def __init__(self, layouts: list[Layout], bundle_path: str, workdir: str) -> None:
+    def __init__(
+        self, layouts: list[Layout], bundle_path: str, workdir: str, launcher: HelperLauncher | None = None
+    ) -> None:
         from tfdist.runtime.probecosts import _free_ports
+        from tfdist.runtime.probehelpers import HelperLauncher, helper_env
 
         self.layouts = layouts
-        self.procs: dict[str, list[subprocess.Popen]] = {}
+        self.procs: dict[str, list[ForkedHelper | subprocess.Popen]] = {}
         self.out: dict[str, str] = {}
         self.failed: dict[str, str] = {}
         self._bundle, self._workdir = bundle_path, workdir
-        # the job's environment: its thread pools (the probe's), and a lost worker failing the closure
-        self._env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", GRPC_FAIL_FAST="use_caller")
-        served = max((lay.workers for lay in layouts if lay.ps), default=0)
-        self.worker_ports = _free_ports(served)
-        if served:  # placeholders for the PS ports: each coordinator brings its own
-            self._start("serve", served, self.worker_ports + _free_ports(served))
+        self._launch = launcher or HelperLauncher()  # a launcher never started: every process fresh
+        self._env = helper_env()
+        workers = max((lay.workers for lay in layouts if lay.ps), default=0)
+        ps = max((lay.ps for lay in layouts if lay.ps), default=0)
+        self.worker_ports, self.ps_ports = _free_ports(workers), _free_ports(ps)
+        if workers:
+            self._start("serve", workers + ps, self.worker_ports + self.ps_ports, f"serve{workers}")
         for layout in layouts:
             if layout.ps:
-                ports = self.worker_ports[: layout.workers] + _free_ports(layout.ps)
+                ports = self.worker_ports[: layout.workers] + self.ps_ports[: layout.ps]
             else:
                 ports = _free_ports(layout.workers)
             self._start(layout.key, layout.processes, ports)
 
-    def _start(self, key: str, processes: int, ports: list[int]) -> None:
-        from tfdist.runtime.deathsig import die_with_parent
-
+    def _start(self, key: str, processes: int, ports: list[int], mode: str = "") -> None:
         out = os.path.join(self._workdir, f"trial-{key}.json")
         self.out[key], self.procs[key] = out, []
-        argv = [sys.executable, "-m", "tfdist.runtime.probetrials", key]
         for rank in range(processes):
-            with open(f"{out}.err{rank}", "w") as err:  # a file: a pipe nobody reads would fill
-                self.procs[key].append(
-                    subprocess.Popen(
-                        [*argv, str(rank), ",".join(map(str, ports)), self._bundle, out],
-                        env=self._env,
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.DEVNULL,
-                        stderr=err,
-                        text=True,
-                        preexec_fn=die_with_parent(),
-                    )
-                )
+            argv = [mode or key, str(rank), ",".join(map(str, ports)), self._bundle, out]
+            self.procs[key].append(
+                self._launch.spawn("tfdist.runtime.probetrials", argv, self._env, f"{out}.err{rank}")
+            )
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Every trial process up (TensorFlow imported), so none slows what the probe times next."""
@@ -273,9 +262,9 @@ class Trials:
         if key in self.failed:
             raise RuntimeError(self.failed[key])
         if layout.ps and "serve" in self.failed:
-            raise RuntimeError("its worker servers " + self.failed["serve"].removeprefix("its "))
+            raise RuntimeError("its servers " + self.failed["serve"].removeprefix("its "))
         if layout.ps and any(p.poll() is not None for p in self.procs.get("serve", [])):
-            raise RuntimeError("its worker servers ended: " + self._tail("serve"))
+            raise RuntimeError("its servers ended: " + self._tail("serve"))
         for p in self.procs[key]:
             assert p.stdin is not None
             p.stdin.write(f"{steps} {epochs}\n")
@@ -327,8 +316,8 @@ class Trials:
 
 def main(argv: list[str]) -> int:
     rank, ports = int(argv[1]), [int(p) for p in argv[2].split(",")]
-    if argv[0] == "serve":
-        serve(rank, ports, argv[4])
+    if argv[0].startswith("serve"):
+        serve(rank, int(argv[0].removeprefix("serve")), ports, argv[4])
     else:
         trial_process(Layout.parse(argv[0]), rank, ports, argv[3], argv[4])
     return 0

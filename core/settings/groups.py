@@ -84,8 +84,8 @@ class KernelSettings(Group):
         n.ENV_FORK_TASKS,
         _on_unless_0,
         True,
-        "Local tasks fork from a process that imported TensorFlow once; `0`: every task is a fresh "
-        "process (any other value keeps forking).",
+        "Local tasks, and `%tfdist plan`'s helpers, fork from a process that imported TensorFlow once; "
+        "`0`: every one is a fresh process (any other value keeps forking).",
     )
     probe_seconds = Var(
         n.ENV_PROBE_SECONDS, float, 4.0, "`%tfdist plan`: the longest the probe measures steps.", gt=0
