@@ -16,6 +16,7 @@ import pytest
 
 from tests.kernels import Kernel, kernel_env, wait_gone
 from tests.test_warm_pool import SETUP, _run
+from tfdist.runtime import forkserver
 from tfdist.runtime.forked import fresh_start_reason
 
 pytestmark = pytest.mark.slow
@@ -129,6 +130,32 @@ def test_tasks_start_fresh_where_a_fork_would_differ():
     kmp = {"KMP_INIT_AT_FORK": "FALSE", "KMP_DUPLICATE_LIB_OK": "True"}
     assert fresh_start_reason(base, base | kmp) is None
     assert "TF_ENABLE_ONEDNN_OPTS" in (fresh_start_reason(base, base | {"TF_ENABLE_ONEDNN_OPTS": "0"}) or "")
+
+
+def test_both_clients_messages_and_the_servers_answers_say_what_went_wrong():
+    """The one protocol both clients speak (runtime.forked, runtime.probehelpers): the descriptors go out
+    in the order the server takes them, an oversized task is refused before it is sent, and every answer
+    is a PID or a reason."""
+    data, passed = forkserver.request("m", ["a"], {"K": "v"}, "/w", 5, (7, 8), stdin=6)
+    assert passed == [5, 6, 7, 8]
+    assert json.loads(data) == {
+        "module": "m",
+        "argv": ["a"],
+        "env": {"K": "v"},
+        "cwd": "/w",
+        "fds": [7, 8],
+        "stdin": True,
+    }
+    data, passed = forkserver.request("m", [], {}, "/w", 5)
+    assert passed == [5] and json.loads(data)["stdin"] is False
+    with pytest.raises(ValueError, match="over the fork server's"):
+        forkserver.request("m", [], {"K": "x" * forkserver.MAX_MESSAGE}, "/w", 5)
+    assert forkserver.answer(b'{"pid": 12}') == 12
+    assert forkserver.answer(b'{"error": "Resource temporarily unavailable"}') == (
+        "Resource temporarily unavailable"
+    )
+    assert forkserver.answer(b"") == "the fork server is gone"
+    assert forkserver.answer(b"{").startswith("the fork server's answer is unreadable")
 
 
 def test_a_forked_job_trains_and_its_tasks_are_what_fresh_ones_are(tmp_path):

@@ -146,18 +146,7 @@ class LocalBackend(DetachedJobs, Backend):
         # a waiting warm pool of this kernel becomes the job's supervisor; a detached job starts fresh
         warm = None if detach else self._pool.take(d, env)
         self._pool_next = None if detach else (launch.env, prefix, env)
-        errlog = open(os.path.join(d, "supervisor.log"), "wb")
-        proc = warm or subprocess.Popen(
-            [*prefix, sys.executable, "-m", "tfdist.runtime.supervisor", d],
-            # the lifeline: we never write, we only keep it open; a detached job has none
-            stdin=subprocess.DEVNULL if detach else subprocess.PIPE,
-            stdout=errlog,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # the kernel's SIGINT is for the cell, not for the job's processes
-            close_fds=True,
-        )
-        errlog.close()
+        proc = warm or self._start_supervisor(d, prefix, env, detach)
         if not detach:
             self._lifelines[spec.name] = proc
         try:
@@ -170,6 +159,24 @@ class LocalBackend(DetachedJobs, Backend):
         if detach:  # this kernel reaps it if it outlives the job: no zombie left behind
             threading.Thread(target=proc.wait, name=f"tfdist-reap-{spec.name}", daemon=True).start()
 
+    @staticmethod
+    def _start_supervisor(
+        jobdir: str, prefix: list[str], env: dict[str, str], detach: bool
+    ) -> subprocess.Popen:
+        """A fresh supervisor for the job in `jobdir`. Its log is opened (truncated) here only: a taken
+        pool appends to the same file at once, and a truncation after the take would cut its first lines."""
+        with open(os.path.join(jobdir, "supervisor.log"), "wb") as errlog:
+            return subprocess.Popen(
+                [*prefix, sys.executable, "-m", "tfdist.runtime.supervisor", jobdir],
+                # the lifeline: we never write, we only keep it open; a detached job has none
+                stdin=subprocess.DEVNULL if detach else subprocess.PIPE,
+                stdout=errlog,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # the kernel's SIGINT is for the cell, not for the job's processes
+                close_fds=True,
+            )
+
     async def _wait_up(self, name: str, proc: subprocess.Popen) -> None:
         d = self.jobdir(name)
         sock = os.path.join(d, "control.sock")
@@ -180,8 +187,11 @@ class LocalBackend(DetachedJobs, Backend):
                 view = self._offline_view(name)
                 if view.error:  # it ran, and refused (e.g. a port in use): the job's own words
                     raise JobFailed(view.error.get("message") or view.message, job=name)
-                with open(os.path.join(d, "supervisor.log"), errors="replace") as f:
-                    tail = f.read()[-2000:]
+                try:
+                    with open(os.path.join(d, "supervisor.log"), errors="replace") as f:
+                        tail = f.read()[-2000:]
+                except FileNotFoundError:  # a taken pool that ended before its first line
+                    tail = "(it wrote nothing)"
                 raise BackendUnavailable(
                     f"the job's supervisor exited at start (code {proc.returncode}):\n{tail}"
                 )

@@ -38,6 +38,7 @@ class ControlServer:
         self.path = path
         self._view, self._finished, self._stop = view, finished, stop
         self.watchers: set[asyncio.StreamWriter] = set()
+        self._clients: set[asyncio.Task] = set()
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -60,6 +61,9 @@ class ControlServer:
                 self.watchers.discard(w)
 
     async def serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            self._clients.add(me)
         try:
             line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)
             req = json.loads(line or b"{}")
@@ -80,6 +84,7 @@ class ControlServer:
         except Exception:
             pass
         finally:
+            self._clients.discard(me)  # type: ignore[arg-type]
             self.watchers.discard(writer)
             with contextlib.suppress(Exception):
                 writer.close()
@@ -94,3 +99,7 @@ class ControlServer:
             self._server.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+        # each watcher's handler sees its connection closed and returns; one still waiting when the loop
+        # ends would be cancelled, and Python 3.11's stream callback logs that as an error in the job's log
+        if self._clients:
+            await asyncio.wait(list(self._clients), timeout=2)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tfdist.runtime import forkserver
 from tfdist.settings import ENV_EVENTS_FD, KernelSettings
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -133,7 +133,7 @@ class ForkedProcess:
 
 async def _ready(sock: socket.socket) -> bool:
     try:
-        return await asyncio.get_running_loop().sock_recv(sock, 16) == b"R"
+        return await asyncio.get_running_loop().sock_recv(sock, 16) == forkserver.READY
     except OSError:
         return False
 
@@ -194,24 +194,21 @@ class ForkServer:
         async with self.lock:
             r, w = os.pipe()
             try:
-                msg = json.dumps({"module": module, "argv": argv, "env": env, "cwd": cwd, "fds": list(fds)})
                 loop = asyncio.get_running_loop()
                 try:
-                    socket.send_fds(self.sock, [msg.encode()], [w, *fds])
-                    reply = json.loads(await loop.sock_recv(self.sock, 4096) or b"{}")
+                    data, passed = forkserver.request(module, argv, env, cwd, w, fds)
+                    socket.send_fds(self.sock, [data], passed)
+                    got = forkserver.answer(await loop.sock_recv(self.sock, 4096))
                 except (OSError, ValueError) as exc:
-                    reply = {"error": str(exc) or type(exc).__name__}
+                    got = str(exc) or type(exc).__name__
             finally:
                 os.close(w)
-            if "pid" not in reply:
+            if isinstance(got, str):
                 os.close(r)
-                print(
-                    f"tfdist fork server: {task} starts fresh: {reply.get('error', 'no answer')}", flush=True
-                )
+                print(f"tfdist fork server: {task} starts fresh: {got}", flush=True)
                 return None
-            pid = int(reply["pid"])
-            print(f"tfdist fork server: {task} is forked process {pid}", flush=True)
-            return await ForkedProcess.attach(pid, r)
+            print(f"tfdist fork server: {task} is forked process {got}", flush=True)
+            return await ForkedProcess.attach(got, r)
 
     def close(self) -> None:
         """No more tasks: the server exits (its copy of TensorFlow's pages is no longer needed)."""

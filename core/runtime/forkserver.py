@@ -1,6 +1,6 @@
 """A fork server: TensorFlow imported once, each task of a local job forked from it.
 
-Usage (runtime.forked only): python -u -m tfdist.runtime.forkserver [idle]
+Usage (runtime.forked and runtime.probehelpers only): python -u -m tfdist.runtime.forkserver [idle]
 (fd 0: a SOCK_SEQPACKET socket)
 
 Why: importing TensorFlow costs 5-8 CPU-seconds per process. A job of four tasks on two cores spent most of
@@ -15,7 +15,8 @@ Each job's supervisor starts one (runtime.forked) the moment it starts; a kernel
 Protocol: it sends b"R" once TensorFlow is imported. Each message then is a task, {"module", "argv", "env",
 "cwd", "fds", "stdin"}, with the task's stdout (stdout and stderr both go there), its stdin where "stdin"
 is true, and then the file descriptors a fresh process would have inherited (`fds` their numbers there).
-It answers {"pid": N} or {"error": why}.
+It answers {"pid": N} or {"error": why}. Both clients (runtime.forked's async one, runtime.probehelpers'
+blocking one) build the message with `request` and read the answer with `answer`.
 The task becomes what `python -u -m MODULE ARGV...` started with that environment would be: os.environ
 replaced (TensorFlow reads TF_CONFIG, its thread pool sizes and CUDA_VISIBLE_DEVICES when a server or eager
 context starts, not at import; tasks whose import-time variables differ start fresh, see
@@ -37,6 +38,7 @@ import runpy
 import socket
 import sys
 import time
+from collections.abc import Sequence
 
 from tfdist.runtime.deathsig import die_with
 
@@ -68,6 +70,38 @@ def _import_tensorflow() -> None:
     from .importing import import_coordinator
 
     import_coordinator()  # the servers' import, and the coordinator's too: once here, not after each fork
+
+
+READY = b"R"  # sent once, when TensorFlow is imported
+
+
+def request(
+    module: str,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    out: int,
+    fds: Sequence[int] = (),
+    stdin: int | None = None,
+) -> tuple[bytes, list[int]]:
+    """One task as the server reads it: the message and the descriptors sent with it (its output, its stdin
+    where it has one, then `fds`, which the task finds at those numbers)."""
+    has_stdin = stdin is not None
+    data = json.dumps(
+        {"module": module, "argv": argv, "env": env, "cwd": cwd, "fds": list(fds), "stdin": has_stdin}
+    ).encode()
+    if len(data) > MAX_MESSAGE:
+        raise ValueError(f"the task's message is {len(data)} bytes, over the fork server's {MAX_MESSAGE}")
+    return data, [out, *([] if stdin is None else [stdin]), *fds]
+
+
+def answer(data: bytes) -> int | str:
+    """The server's reply to `request`: the forked task's PID, or why it was not forked."""
+    try:
+        reply = json.loads(data) if data else {"error": "the fork server is gone"}
+        return int(reply["pid"]) if "pid" in reply else str(reply.get("error", "no answer"))
+    except (ValueError, TypeError, AttributeError) as exc:
+        return f"the fork server's answer is unreadable: {exc}"
 
 
 def _receive(sock: socket.socket) -> tuple[dict, list[int]] | None:
@@ -203,7 +237,7 @@ def main() -> int:
     # A task may have been sent while TensorFlow was still importing: it is queued here all the same (a
     # failed "ready" is no reason to end; an empty read says whether a task will come).
     with contextlib.suppress(OSError):
-        sock.send(b"R")
+        sock.send(READY)
     got = _serve(sock, supervisor)
     if got is None:
         return 0

@@ -17,7 +17,6 @@ pidfd so no signal reaches a later process that took its PID.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -27,6 +26,7 @@ import sys
 import time
 from typing import IO
 
+from tfdist.runtime import forkserver
 from tfdist.runtime.deathsig import die_with_parent
 from tfdist.runtime.forked import become_subreaper, fresh_start_reason
 from tfdist.settings import KernelSettings
@@ -108,7 +108,7 @@ class HelperLauncher:
         if self._ready is None and self._sock is not None:
             self._sock.settimeout(FORK_READY_S)
             try:
-                self._ready = self._sock.recv(16) == b"R"
+                self._ready = self._sock.recv(16) == forkserver.READY
             except OSError:
                 self._ready = False
             self._sock.settimeout(None)
@@ -123,13 +123,12 @@ class HelperLauncher:
             why = "the fork server could not import TensorFlow"
         if why is not None:
             return why
-        msg = {"module": module, "argv": argv, "env": env, "cwd": os.getcwd(), "fds": [], "stdin": True}
         try:
-            socket.send_fds(self._sock, [json.dumps(msg).encode()], [out, stdin])
-            reply = json.loads(self._sock.recv(4096) or b"{}")
+            data, passed = forkserver.request(module, argv, env, os.getcwd(), out, stdin=stdin)
+            socket.send_fds(self._sock, [data], passed)
+            return forkserver.answer(self._sock.recv(4096))
         except (OSError, ValueError) as exc:
-            reply = {"error": str(exc) or type(exc).__name__}
-        return int(reply["pid"]) if "pid" in reply else str(reply.get("error", "no answer"))
+            return str(exc) or type(exc).__name__
 
     def spawn(
         self, module: str, argv: list[str], env: dict[str, str], stderr_path: str

@@ -59,8 +59,12 @@ class _State:
             os.replace(tmp, self.path)
 
     def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        """For good: a later `write` (the fork server's import ending after a job took the pool) is a no-op,
+        or the kernel's next pool would find this one's record under the path they share."""
+        path, self.path = self.path, ""
+        if path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def memory_short(server_pid: int | None) -> str | None:
