@@ -46,6 +46,7 @@ from tests.kube_plane import (
     ControlPlane,
     ControlPlaneError,
     _die_with_parent,
+    go_env,
     private_dir,
     write_private,
 )
@@ -645,7 +646,7 @@ class KueueProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=plane.workdir,
-                env={**os.environ, "HOME": str(plane.workdir)},
+                env={**go_env(), "HOME": str(plane.workdir)},
                 start_new_session=True,
                 preexec_fn=_die_with_parent if in_main and not plane.detach else None,
             )

@@ -651,7 +651,7 @@ def spawn(name: str, exe: Path, args: list[str], procs: list[Proc]) -> Proc:
             stdout=logf,
             stderr=subprocess.STDOUT,
             cwd=STATE,
-            env={**os.environ, "PATH": ENV_PATH, "HOME": str(STATE)},
+            env={**kube_plane.go_env(), "PATH": ENV_PATH, "HOME": str(STATE)},
             start_new_session=True,  # outlives `up`: stopped by `down`, by pid and start time
         )
     finally:
