@@ -8,6 +8,7 @@ On the kwok test plane (tests/k8s_fixtures.py) with hub_config/'s admission poli
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import subprocess
 import sys
@@ -108,39 +109,47 @@ async def test_each_users_panel_lists_and_stops_only_that_users_job_of_a_shared_
     try:
         await ann.submit(JobSpec(name="same", user="ann", backend="kubernetes"), b"p", Launch())
         await bob.submit(JobSpec(name="same", user="bob", backend="kubernetes"), b"p", Launch())
-        ann_lab = start_server(tmp_path / "ann", "ann", KUBECONFIG=ann_kc, TFDIST_NAMESPACE=ann_ns, **GPU_ENV)
+        # Everything blocking runs off the event loop: the two backends are the users' kernels, and their
+        # lifelines are renewed on it (blocked past the grace, the cluster would end both jobs).
+        ann_lab = await asyncio.to_thread(
+            start_server, tmp_path / "ann", "ann", KUBECONFIG=ann_kc, TFDIST_NAMESPACE=ann_ns, **GPU_ENV
+        )
         labs.append(ann_lab)
-        bob_lab = start_server(tmp_path / "bob", "bob", KUBECONFIG=bob_kc, TFDIST_NAMESPACE=bob_ns)
+        bob_lab = await asyncio.to_thread(
+            start_server, tmp_path / "bob", "bob", KUBECONFIG=bob_kc, TFDIST_NAMESPACE=bob_ns
+        )
         labs.append(bob_lab)
 
         for lab, who in ((ann_lab, "ann"), (bob_lab, "bob")):
-            listed = lab.api("tfdist/api/jobs")
+            listed = await asyncio.to_thread(lab.api, "tfdist/api/jobs")
             assert listed["user"] == who
             assert [(j["name"], j["user"]) for j in listed["jobs"]] == [("same", who)], listed
-            view = lab.api("tfdist/api/jobs/same")
+            view = await asyncio.to_thread(lab.api, "tfdist/api/jobs/same")
             assert view["user"] == who and view["state"] not in ("stopped", "failed", "succeeded"), view
 
         bob_before = len(_left(k8s_plane, bob_ns, "same"))
         assert bob_before >= 4
-        stopped = ann_lab.api("tfdist/api/jobs/same/stop", "POST", {})
+        stopped = await asyncio.to_thread(ann_lab.api, "tfdist/api/jobs/same/stop", "POST", {})
         assert stopped["stopped"] is True and stopped["state"] == "stopped", stopped
         # ann's objects go (the garbage collector takes the children); bob's stay, untouched
         deadline = time.time() + 60
         while _left(k8s_plane, ann_ns, "same") and time.time() < deadline:
-            time.sleep(0.5)
+            await asyncio.sleep(0.5)
         assert _left(k8s_plane, ann_ns, "same") == []
         assert len(_left(k8s_plane, bob_ns, "same")) == bob_before
-        bob_view = bob_lab.api("tfdist/api/jobs/same")
+        bob_view = await asyncio.to_thread(bob_lab.api, "tfdist/api/jobs/same")
         assert bob_view["user"] == "bob" and bob_view["state"] not in ("stopped", "failed"), bob_view
-        assert [j["name"] for j in bob_lab.api("tfdist/api/jobs")["jobs"]] == ["same"]
+        assert [j["name"] for j in (await asyncio.to_thread(bob_lab.api, "tfdist/api/jobs"))["jobs"]] == [
+            "same"
+        ]
         # ann's panel no longer has a job of that name, and cannot reach bob's through it
-        assert ann_lab.api("tfdist/api/jobs")["jobs"] == []
-        assert status_of(ann_lab, "tfdist/api/jobs/same") == 404
-        assert status_of(ann_lab, "tfdist/api/jobs/same/stop", "POST") == 404
+        assert (await asyncio.to_thread(ann_lab.api, "tfdist/api/jobs"))["jobs"] == []
+        assert await asyncio.to_thread(status_of, ann_lab, "tfdist/api/jobs/same") == 404
+        assert await asyncio.to_thread(status_of, ann_lab, "tfdist/api/jobs/same/stop", "POST") == 404
         assert len(_left(k8s_plane, bob_ns, "same")) == bob_before
     finally:
         for lab in labs:
-            lab.stop()
+            await asyncio.to_thread(lab.stop)
         await ann.close()
         await bob.stop("same")
         await bob.close()
