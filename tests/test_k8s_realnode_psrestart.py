@@ -1,10 +1,15 @@
 """A parameter server that comes back on the real node (`--checkpoint-every N`, Kubernetes backend).
 
-The example's `%%tfdist run` with checkpoints every few steps; the PS pod is deleted after the first epoch.
-The PS Job brings it back at the same hostname, the coordinator pod ends its coordinator, waits until the
-PS answers and starts it again, and the fit resumes from the last checkpoint: the cell succeeds with one
-history of exactly the asked epochs, the weights changed, the monitor said the PS was restarted, and nothing
-of the job is left afterwards.
+The example's `%%tfdist run` with checkpoints every few steps; the PS pod is deleted once the coordinator
+says its first checkpoint is written. The PS Job brings it back at the same hostname, the coordinator pod
+ends its coordinator, waits until the PS answers and starts it again, and the fit resumes from that
+checkpoint (not from the start): the cell succeeds with one history of exactly the asked epochs, the
+weights changed, the monitor said the PS was restarted, and nothing of the job is left afterwards.
+
+In pods the checkpoint's files must be written by the coordinator: TensorFlow writes each variable's
+shard on the PS that holds it unless told otherwise, and the coordinator pod's directory is not in the
+PS pod. Before that was fixed no checkpoint was ever written here, and the failed save on the PS
+cancelled the fit's steps ("the resumed coordinator lost its connection") until the restarts ran out.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from tfdist.kube import names as kn
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 
-EPOCHS = 10
+EPOCHS = 16
+CHECKPOINT_WRITTEN = re.compile(r"tfdist: checkpoint written at step (\d+)")
 
 
 def follow_logs(ns: str, pods: list[dict], where) -> list[subprocess.Popen]:
@@ -74,6 +80,12 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
         )
         assert ps_job["spec"]["backoffLimitPerIndex"] == 3 and ps_job["spec"]["maxFailedIndexes"] == 0
         wait_first_epoch(real_cluster, k, cell, since, ns, "psback")
+        written = wait_for(
+            "the coordinator's first checkpoint",
+            lambda: [int(m[1]) for t in k.widget_texts(since) for m in CHECKPOINT_WRITTEN.finditer(t)],
+            120,
+        )
+        assert written[0] >= 10, written
         assert epochs_shown(k.widget_texts(since)) < EPOCHS - 4  # the PS goes mid-fit
         (victim,) = job_pods(real_cluster, ns, "psback", "ps")
         logs = tmp_path / "pod-logs"
@@ -104,6 +116,7 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
             ]
             raise AssertionError(f"{exc}; the PS pods: {states}") from None
         t_pod = time.monotonic() - t0
+        followers += follow_logs(ns, [new_ps], logs)  # what the replacement PS said
         assert new_ps["spec"]["hostname"] == victim["spec"]["hostname"] == "psback-ps-0"
         wait_for(
             "the coordinator restarted",
@@ -113,13 +126,17 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
         t_resumed = time.monotonic() - t0
         r = k.wait(cell, timeout=900)
         t_end = time.monotonic() - t0
+        texts = k.widget_texts(since)
+        said = list(dict.fromkeys(m for t in texts for m in re.findall(r"tfdist: [^<\n]+", t)))
+        print("\n" + "\n".join(said))  # the checkpoints and restarts, each with its reason
         if r.error is not None:
             for f in sorted(logs.iterdir()):  # what the coordinator pod said
                 print(f"--- {f.name}\n" + "\n".join(f.read_text().splitlines()[-40:]))
         assert r.error is None, r.error_text
-        texts = k.widget_texts(since)
-        said = [t for t in texts if "parameter server ps-0" in t]
-        assert said and "restarting it and the coordinator" in said[-1], texts[-5:]
+        assert not [line for line in said if "could not be written" in line], said
+        assert [line for line in said if "coordinator resumes from the checkpoint at step" in line], said
+        lost = [t for t in texts if "parameter server ps-0" in t]
+        assert lost and "restarting it and the coordinator" in lost[-1], texts[-5:]
         back = [m for t in texts for m in re.findall(r"answer after ([0-9.]+)s", t)]
         print(
             f"\nPS pod deleted -> new PS pod running {t_pod:.1f}s, coordinator resumed {t_resumed:.1f}s "

@@ -89,6 +89,7 @@ def test_lost_ps_is_restarted_and_the_fit_resumes_with_one_history(tf_kernel):
     assert "parameter server ps-0 was killed" in r.text or "parameter server ps-0 exited" in r.text, r.text
     assert "resumes from the last checkpoint" in r.text
     assert "tfdist: resumed from the checkpoint at step" in r.text
+    assert "tfdist: checkpoint written at step" in r.text and "could not be written" not in r.text
     with open(os.path.join(tf_kernel.state_dir, name, "state.json")) as f:
         state = json.load(f)
     assert state["reason"] == "finished"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tfdist.settings import TaskSettings
 
 if TYPE_CHECKING:
-    from tfdist.job.events import ProgressEvent
+    from tfdist.job.events import LogEvent, ProgressEvent
 
 CELL_FILENAME = "<tfdist cell>"
 # Steps done are read this often during a fit (one tiny read of a variable on the PS): the heartbeat that
@@ -33,7 +33,16 @@ class _Events:
         self._f = os.fdopen(fd, "wb", buffering=0) if fd is not None else None
         self._lock = threading.Lock()  # the heartbeat thread sends too: one whole line at a time
 
-    def send(self, event: ProgressEvent) -> None:
+    def say(self, line: str) -> None:
+        """tfdist's own words from the coordinator: printed into its log (a local job's supervisor relays
+        that to the cell and drops any other record from this pipe) and sent as a log record (a pod's agent
+        relays the pipe; the pod's stdout reaches only `%tfdist logs`)."""
+        from tfdist.job.events import LogEvent
+
+        print(line, flush=True)
+        self.send(LogEvent(lines=(("chief-0", line),)))
+
+    def send(self, event: ProgressEvent | LogEvent) -> None:
         from tfdist.job.events import encode
 
         with self._lock:
@@ -73,6 +82,7 @@ class _Heartbeat(threading.Thread):
         self.model, self.events, self.recovery = model, events, recovery
         self.done = threading.Event()
         self.last: int | None = None
+        self.checkpoint_error: str | None = None
 
     def read(self) -> None:
         counter = getattr(self.model, "_train_counter", None)
@@ -80,10 +90,30 @@ class _Heartbeat(threading.Thread):
             raise AttributeError("no train counter")
         step = int(counter.numpy())
         if self.recovery is not None:  # --checkpoint-every: a checkpoint each N steps
-            self.recovery.on_step(step)
+            self._checkpoint(step)
         if step != self.last:
             self.last = step
             self.events.send(_progress(phase="fit", step=step, t=time.time()))
+
+    def _checkpoint(self, step: int) -> None:
+        """A checkpoint that cannot be written is said once, and the fit goes on: the heartbeat (the
+        cell's progress) must not end with it, and the next one is tried N steps later."""
+        rec = self.recovery
+        try:
+            if rec.on_step(step) and rec.saved == 1:
+                self.events.say(
+                    f"tfdist: checkpoint written at step {step} (every {rec.every} steps; a lost parameter "
+                    "server resumes from the newest)"
+                )
+        except Exception as exc:
+            rec.last_saved_step = step
+            said = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            if said != self.checkpoint_error:
+                self.checkpoint_error = said
+                self.events.say(
+                    f"tfdist: the checkpoint at step {step} could not be written ({said}); the fit goes on "
+                    f"and tries again {rec.every} steps later"
+                )
 
     def run(self) -> None:
         while not self.done.wait(HEARTBEAT_S):
@@ -236,7 +266,8 @@ def run(jobdir: str) -> int:
         from tfdist.runtime import psrecovery
 
         saved = psrecovery.settings()
-        _install_progress(events, psrecovery.Recovery(*saved) if saved else None)
+        recovery = psrecovery.Recovery(*saved, io_device=strategies.COORDINATOR_CPU) if saved else None
+        _install_progress(events, recovery)
         events.send(_progress(phase="running"))
         with strategy.scope():
             exec(code, namespace)

@@ -31,7 +31,10 @@ LOST_AFTER = 2  # consecutive failed probes of a PS that answered before
 RETURN_WAIT_S = 600.0  # how long a lost PS may take to come back (scheduled, image, TensorFlow imported)
 # A coordinator resumed after a PS came back may still find a server's channel to the old PS address (a
 # new pod has a new IP; gRPC re-resolves DNS at most every 30 s by default): TensorFlow's connection errors
-# then end it, and it is started once more (within the same restart budget) after this pause.
+# then end it, and it is started once more (within the same restart budget) after this pause. (The
+# repeated CancelledErrors the real node showed until stop 35 were not that: each checkpoint was saved
+# on the PS, which could not write into the coordinator pod's directory, and the failed save cancelled
+# the fit's steps there. The coordinator now writes them itself: tfdist.runtime.psrecovery.)
 CONNECTION_ERRORS = ("CancelledError", "UnavailableError", "AbortedError")
 CUT_OFF_PAUSE_S = 10.0
 

@@ -6,7 +6,10 @@ and Keras's BackupAndRestore saves only at epoch ends under PSS (batch-level cal
 
 * while a fit runs, the coordinator's heartbeat (which already reads Keras's step counter every 2 s)
   writes a checkpoint of the model and its optimizer whenever N more steps are done, with the epoch in
-  progress and the epoch logs so far (`JOBDIR/ckpt/`);
+  progress and the epoch logs so far (`JOBDIR/ckpt/`). The coordinator's own CPU does the file I/O
+  (`experimental_io_device`): TensorFlow otherwise writes each variable's shard on the PS that holds it,
+  and in a PS pod the coordinator pod's directory does not exist. That save failed on the PS, and the
+  failed op cancelled the fit's steps running there;
 * when a PS dies, the supervisor restarts it and the coordinator; the new coordinator runs the cell
   again, and its fit restores the last checkpoint and resumes at the epoch that was in progress
   (`initial_epoch`); at most N steps of weight updates, plus the part of that epoch already done, are
@@ -37,10 +40,13 @@ def settings() -> tuple[int, str] | None:
 
 
 class Recovery:
-    """Checkpoints of one fit, and the resume of that fit after a restart."""
+    """Checkpoints of one fit, and the resume of that fit after a restart. `io_device`: where the files
+    are read and written (the coordinator's CPU; None: where each variable lives)."""
 
-    def __init__(self, every: int, where: str):
-        self.every, self.where = every, where
+    def __init__(self, every: int, where: str, io_device: str | None = None):
+        self.every, self.where, self.io_device = every, where, io_device
+        self.saved = 0  # checkpoints written by this run
+        self.options: Any = None  # tf.train.CheckpointOptions, made with the manager
         self.meta_path = os.path.join(where, "progress.json")
         self.epoch = 0  # the epoch in progress (0-based)
         self.epoch_logs: list[dict[str, float]] = []
@@ -63,9 +69,10 @@ class Recovery:
         os.makedirs(self.where, exist_ok=True)
         ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
         self.manager = tf.train.CheckpointManager(ckpt, self.where, max_to_keep=2)
+        self.options = tf.train.CheckpointOptions(experimental_io_device=self.io_device)
         meta = self.load_meta()
         if meta and self.manager.latest_checkpoint:
-            ckpt.restore(self.manager.latest_checkpoint)
+            ckpt.restore(self.manager.latest_checkpoint, options=self.options)
             self.epoch = int(meta["epoch"])
             self.epoch_logs = list(meta["epoch_logs"])[: self.epoch]
             self.last_saved_step = int(meta["step"])
@@ -76,17 +83,20 @@ class Recovery:
         """The fit's step counter as it starts: checkpoints come every N steps from here."""
         self.last_saved_step = step
 
-    def on_step(self, step: int) -> None:
-        """From the heartbeat: a checkpoint each time `every` more steps are done."""
+    def on_step(self, step: int) -> bool:
+        """From the heartbeat: a checkpoint each time `every` more steps are done (True: one was written).
+        Raises what TensorFlow raised when the checkpoint could not be written."""
         if self.manager is None or self.last_saved_step is None or step - self.last_saved_step < self.every:
-            return
+            return False
         with self.lock:
-            self.manager.save(checkpoint_number=step)
+            self.manager.save(checkpoint_number=step, options=self.options)
             self.last_saved_step = step
+            self.saved += 1
             tmp = self.meta_path + ".tmp"
             with open(tmp, "w") as f:
                 json.dump({"step": step, "epoch": self.epoch, "epoch_logs": self.epoch_logs}, f)
             os.replace(tmp, self.meta_path)
+        return True
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
         with self.lock:

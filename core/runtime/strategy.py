@@ -19,6 +19,8 @@ ALLREDUCE = "allreduce"
 # How long a PS coordinator waits for its servers' ports before it connects anyway (TF then retries on
 # its own); the job's start-up --timeout is the supervisor's to enforce.
 SERVERS_WAIT_S = 120.0
+# The PS coordinator's own CPU: ParameterServerStrategy connects this process to the cluster as job "chief".
+COORDINATOR_CPU = "/job:chief/replica:0/task:0/device:CPU:0"
 
 
 def current() -> str:
