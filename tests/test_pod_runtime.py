@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +21,18 @@ from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient, AgentForged
 
 pytestmark = pytest.mark.slow
+
+
+def pod_argv(role: str) -> list[str]:
+    """A pod's entry point as a local process with its own /tmp, as a container has: a job directory the
+    coordinator makes there is not the PS's or a worker's (a PS that saved its checkpoint shard into the
+    coordinator's directory worked here, and failed in every real pod). Root runs the suite (the real
+    node needs it); elsewhere the processes share /tmp as before."""
+    argv = [sys.executable, "-m", "tfdist.runtime.podmain", role]
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return argv
+    private_tmp = 'mount -t tmpfs -o mode=1777,size=1g tfdist-pod-tmp /tmp && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", private_tmp, "pod", *argv]
 
 
 def free_ports(n: int) -> list[int]:
@@ -63,7 +76,7 @@ def test_pod_entrypoints_train_and_return_results_through_the_agent(tmp_path):
             env = base | {"TF_CONFIG": tf_config.tf_config(cluster, task), "TFDIST_TASK": task}
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "tfdist.runtime.podmain", role],
+                    pod_argv(role),
                     env=env,
                     stdout=open(tmp_path / f"{task}.log", "wb"),
                     stderr=subprocess.STDOUT,

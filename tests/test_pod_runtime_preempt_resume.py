@@ -12,7 +12,6 @@ import asyncio
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -20,7 +19,7 @@ import pytest
 
 from tests.digits_payload import digits_payload
 from tests.kernels import PACE_IMPORT, paced
-from tests.test_pod_runtime import local_pods
+from tests.test_pod_runtime import local_pods, pod_argv
 from tfdist import payload, tf_config
 from tfdist.job import checkpoint as ck
 from tfdist.job.events import Event
@@ -43,7 +42,7 @@ def start_pods(tmp_path, run: str) -> tuple[dict[str, subprocess.Popen], AgentCl
         if role == "chief":
             env |= {psrecovery.ENV_EVERY: "5", "TFDIST_CLUSTER": json.dumps(cluster)}
         procs[task] = subprocess.Popen(
-            [sys.executable, "-m", "tfdist.runtime.podmain", role],
+            pod_argv(role),
             env=env,
             stdout=open(tmp_path / f"{run}-{task}.log", "wb"),
             stderr=subprocess.STDOUT,

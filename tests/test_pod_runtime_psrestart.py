@@ -9,7 +9,6 @@ import asyncio
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -18,7 +17,7 @@ import pytest
 from tests.digits_payload import digits_payload
 from tests.kernels import PACE_IMPORT, paced
 from tests.realpods import runs_in_real_pods
-from tests.test_pod_runtime import local_pods
+from tests.test_pod_runtime import local_pods, pod_argv
 from tfdist import payload, tf_config
 from tfdist.kube.agent_client import AgentClient
 from tfdist.runtime import psrecovery
@@ -45,7 +44,7 @@ def test_a_killed_ps_pod_replaced_at_its_address_resumes_the_fit(tmp_path):
         if role == "chief":  # what the manifests give the coordinator pod with --checkpoint-every 5
             env |= {psrecovery.ENV_EVERY: "5", "TFDIST_CLUSTER": json.dumps(cluster)}
         return subprocess.Popen(
-            [sys.executable, "-m", "tfdist.runtime.podmain", role],
+            pod_argv(role),
             env=env,
             stdout=open(tmp_path / log, "wb"),
             stderr=subprocess.STDOUT,
