@@ -116,3 +116,30 @@ def test_the_checkpoint_files_are_written_by_the_coordinators_own_cpu(tmp_path):
     again = Recovery(5, str(tmp_path / "ckpt"), io_device="/job:localhost/replica:0/task:0/device:CPU:0")
     assert again.attach(model)["step"] == 5  # restored through the same device
     assert strategy.COORDINATOR_CPU == "/job:chief/replica:0/task:0/device:CPU:0"
+
+
+def test_a_resumed_fit_numbers_its_checkpoints_on_from_the_restored_optimizer(tmp_path):
+    """A resumed fit's own step counter starts at 0 again; its optimizer's iteration count comes back with
+    the checkpoint, so the checkpoints (and what the log says of them) count on from where the job was."""
+    from types import SimpleNamespace
+
+    from tfdist.runtime.coordinator import trained_steps
+
+    rec = Recovery(10, str(tmp_path))
+    rec.manager, rec.options = Manager(), None
+    model, events = Model(), Events()
+    model.optimizer = SimpleNamespace(iterations=Counter())
+    model.optimizer.iterations.value = 220  # restored from the checkpoint at step 220
+    rec.mark_start(trained_steps(model, 0))
+    beat = _Heartbeat(model, events, rec)
+    model._train_counter.value, model.optimizer.iterations.value = 8, 228
+    beat.read()
+    model._train_counter.value, model.optimizer.iterations.value = 15, 235
+    beat.read()
+    assert [n for n, _ in rec.manager.saved] == [235]
+    assert events.said == [
+        "tfdist: checkpoint written at step 235 (every 10 steps; a lost parameter server resumes from the "
+        "newest)"
+    ]
+    assert [e.step for e in events.sent if isinstance(e, ProgressEvent)] == [8, 15]  # the cell: this fit's
+    assert trained_steps(Model(), 7) == 7  # no optimizer (or none readable): this fit's own count

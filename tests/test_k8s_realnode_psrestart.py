@@ -135,6 +135,9 @@ def test_a_deleted_ps_pod_comes_back_and_the_fit_resumes(real_cluster, job_image
         assert r.error is None, r.error_text
         assert not [line for line in said if "could not be written" in line], said
         assert [line for line in said if "coordinator resumes from the checkpoint at step" in line], said
+        written = [int(m[1]) for line in said for m in [CHECKPOINT_WRITTEN.search(line)] if m]
+        # each run says its first; the resumed run counts on from the restored optimizer's steps
+        assert len(written) >= 2 and written == sorted(set(written)), said
         lost = [t for t in texts if "parameter server ps-0" in t]
         assert lost and "restarting it and the coordinator" in lost[-1], texts[-5:]
         back = [m for t in texts for m in re.findall(r"answer after ([0-9.]+)s", t)]

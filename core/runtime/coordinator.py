@@ -74,6 +74,17 @@ def _progress(**fields: Any) -> ProgressEvent:
         return ProgressEvent(phase=str(fields.get("phase") or "")[:200] or None)
 
 
+def trained_steps(model: Any, fit_step: int) -> int:
+    """The model's steps over every run of the job: its optimizer's iteration count, which a checkpoint
+    restores (a resumed fit's own counter starts at 0 again), so checkpoints and what the log says of
+    them count on from where the job was. `fit_step` (this fit's counter) where there is none."""
+    iterations = getattr(getattr(model, "optimizer", None), "iterations", None)
+    try:
+        return int(iterations.numpy())
+    except Exception:  # no optimizer yet, or not readable here: this fit's own count
+        return fit_step
+
+
 class _Heartbeat(threading.Thread):
     """Steps done in the running fit (Keras's own train counter), sent when they change."""
 
@@ -90,7 +101,7 @@ class _Heartbeat(threading.Thread):
             raise AttributeError("no train counter")
         step = int(counter.numpy())
         if self.recovery is not None:  # --checkpoint-every: a checkpoint each N steps
-            self._checkpoint(step)
+            self._checkpoint(trained_steps(self.model, step))
         if step != self.last:
             self.last = step
             self.events.send(_progress(phase="fit", step=step, t=time.time()))
@@ -132,7 +143,7 @@ def _progress_callback(events: _Events, recovery: Any = None) -> Any:
         def on_train_begin(self, logs=None):
             self._t0 = time.time()
             if recovery is not None:
-                recovery.mark_start(int(self.model._train_counter.numpy()))
+                recovery.mark_start(trained_steps(self.model, int(self.model._train_counter.numpy())))
             events.send(
                 _progress(
                     phase="fit",
