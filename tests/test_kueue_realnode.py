@@ -86,37 +86,35 @@ async def admin_api(state: dict):
     return client.ApiClient(cfg)
 
 
-@pytest.fixture(scope="module")
-def kueue_rn(real_cluster):
-    """Kueue on the real node for this module (reused where `scripts/cluster up --kueue` runs one), the
-    queue converged from PROFILES; afterwards the queue, and the module's Kueue with its webhooks, go."""
+@contextlib.contextmanager
+def queues_converged(real_cluster, profiles: dict):
+    """Kueue on the real node (reused where `scripts/cluster up --kueue` runs one) with the queues of
+    `profiles`; afterwards those queue objects, and Kueue with its webhooks if started here, go."""
+    from tfdist.kube import queueing as q
     from tfdist.kube import queueing_apply as qa
     from tfdist.spawner.profiles import parse_profiles
 
     state = real_cluster.state
+    cfg = parse_profiles(profiles)
     own = None
     if not realnode.kueue_running(state):
         own, TIMES["kueue_start_s"] = realnode.start_kueue(state)
 
-    async def converge(profiles: dict) -> None:
+    async def converge() -> None:
         async with await admin_api(state) as api:
-            await qa.converge(api, parse_profiles(profiles))
+            await qa.converge(api, cfg)
 
     try:
-        asyncio.run(converge(PROFILES))
-        yield parse_profiles(PROFILES)
+        asyncio.run(converge())
+        yield cfg
     finally:
-        # this module's queue, cohort, flavor and priority class, gone while Kueue still runs (it holds a
+        # the queues, cohort, flavors and priority classes, gone while Kueue still runs (it holds a
         # finalizer on each ClusterQueue and flavor in use: a stopped Kueue would leave them terminating)
         queue_objects = [
-            f"/apis/kueue.x-k8s.io/v1beta2/{kind}/{name}"
-            for kind, name in (
-                ("clusterqueues", QUEUE),
-                ("cohorts", "rn-pool"),
-                ("resourceflavors", "default"),
-                ("workloadpriorityclasses", "tfdist-notebook"),  # the notebooks' (queueing.cluster_objects)
-            )
+            f"/apis/kueue.x-k8s.io/v1beta2/{o['kind'].lower()}s/{o['metadata']['name']}"
+            for o in reversed(q.cluster_objects(cfg))
         ]
+        queue_objects = [p.replace("classs/", "classes/") for p in queue_objects]
         with contextlib.suppress(OSError):  # the cluster went down: nothing is left to remove
             for path in queue_objects:
                 with contextlib.suppress(urllib.error.HTTPError):
@@ -130,42 +128,48 @@ def kueue_rn(real_cluster):
             realnode.stop_kueue(state, own)
 
 
+@pytest.fixture(scope="module")
+def kueue_rn(real_cluster):
+    with queues_converged(real_cluster, PROFILES) as cfg:
+        yield cfg
+
+
 @dataclass
 class User:
     tenant: Tenant
     kernel: WatchedKernel
+    state_dir: str = ""  # the kernel's (tests.realnode_jobs.digits_kernel)
 
 
-@pytest.fixture(scope="module")
-def users(real_cluster, kueue_rn, job_image, tmp_path_factory):
+@contextlib.contextmanager
+def two_users(real_cluster, cfg, job_image, workdir, queues: tuple[str, str], pace_s: float = 0.5):
     """Two users' namespaces as the spawner prepares them (tenancy, then their LocalQueue and queue Role),
-    a stand-in notebook pod each, and a host kernel each with the example's model and (paced) data. The
-    namespaces go before Kueue does (its finalizers on the job pods need it running)."""
+    each with its queue, a stand-in notebook pod each, and a host kernel each with the example's model and
+    (paced) data. The namespaces go before Kueue does (its finalizers on the job pods need it running)."""
     from tfdist.kube.apply import prepare_user_queues
     from tfdist.kube.tenancy import TenantPolicy
 
-    workdir = tmp_path_factory.mktemp("kueue-rn")
     tenants: list[Tenant] = []
     out: list[User] = []
     try:
-        for prefix in ("kqa", "kqb"):
-            t = make_tenant(real_cluster, prefix, workdir, queue=QUEUE)
+        for prefix, queue in zip(("kqa", "kqb"), queues, strict=True):
+            t = make_tenant(real_cluster, prefix, workdir, queue=queue)
             tenants.append(t)
 
-            async def queues(t: Tenant = t) -> None:
+            async def prepare(t: Tenant = t, queue: str = queue) -> None:
                 async with await admin_api(real_cluster.state) as api:
                     await prepare_user_queues(
-                        api, kueue_rn, TenantPolicy(user=t.user, namespace=t.namespace, queue=QUEUE), ["ml"]
+                        api, cfg, TenantPolicy(user=t.user, namespace=t.namespace, queue=queue), ["ml"]
                     )
 
-            asyncio.run(queues())
+            asyncio.run(prepare())
             start_notebook_pod(real_cluster, t)
         # the two kernels import TensorFlow side by side
         made: dict[int, Any] = {}
 
         def start(i: int) -> None:
             try:
-                made[i] = digits_kernel(tenants[i], job_image, workdir, TFDIST_KUEUE_QUEUE=QUEUE)
+                made[i] = digits_kernel(tenants[i], job_image, workdir, TFDIST_KUEUE_QUEUE=queues[i])
             except BaseException as e:  # raised below, in the test's thread
                 made[i] = e
 
@@ -177,8 +181,8 @@ def users(real_cluster, kueue_rn, job_image, tmp_path_factory):
         for i in range(2):
             if isinstance(made[i], BaseException):
                 raise made[i]
-            out.append(User(tenants[i], made[i]))
-            r = made[i].run(f"{PACE_IMPORT}paced_ds = {paced('train_ds', 0.5)}")
+            out.append(User(tenants[i], made[i], str(workdir / "state")))
+            r = made[i].run(f"{PACE_IMPORT}paced_ds = {paced('train_ds', pace_s)}")
             assert r.error is None, r.error_text
         yield out
     finally:
@@ -192,6 +196,14 @@ def users(real_cluster, kueue_rn, job_image, tmp_path_factory):
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def users(real_cluster, kueue_rn, job_image, tmp_path_factory):
+    with two_users(
+        real_cluster, kueue_rn, job_image, tmp_path_factory.mktemp("kueue-rn"), (QUEUE, QUEUE)
+    ) as u:
+        yield u
 
 
 # ------------------------------------------------------------------------------------- the pod sampler
