@@ -50,19 +50,24 @@ pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 
 QUEUE = "rn-team"
 QUEUE_CPU = 1.5
+
+
+def cpu_profile(slug: str, queue: str) -> dict[str, Any]:
+    """A CPU-only profile of group "ml" whose servers' jobs go to `queue`."""
+    return {
+        "slug": slug,
+        "display_name": f"CPU ({queue})",
+        "groups": ["ml"],
+        "cpu": {"min": 0.5, "max": 2, "default": 1},
+        "memory_gib": {"min": 1, "max": 4, "default": 1},
+        "kueue_queue": queue,
+        "images": ["img"],
+    }
+
+
 PROFILES = {
     "kueue": {"cohort": "rn-pool", "queues": {QUEUE: {"cpu": QUEUE_CPU}}},
-    "profiles": [
-        {
-            "slug": "cpu",
-            "display_name": "CPU",
-            "groups": ["ml"],
-            "cpu": {"min": 0.5, "max": 2, "default": 1},
-            "memory_gib": {"min": 1, "max": 4, "default": 1},
-            "kueue_queue": QUEUE,
-            "images": ["img"],
-        }
-    ],
+    "profiles": [cpu_profile("cpu", QUEUE)],
 }
 # a job of 3 pods at 0.45 CPU: 1.35 of the queue's 1.5. Paced data (tests.kernels.paced): the fit lasts
 # >= 10 s on any CPU, so the first job still trains while the second is watched waiting

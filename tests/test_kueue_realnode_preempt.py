@@ -25,7 +25,7 @@ import uuid
 import pytest
 
 from tests.realnode_jobs import job_state, wait_first_epoch, wait_for
-from tests.test_kueue_realnode import WL, cell_error, live, mf_pods, queues_converged, two_users
+from tests.test_kueue_realnode import WL, cell_error, cpu_profile, live, mf_pods, queues_converged, two_users
 
 if "tests.realnode_fixtures" not in sys.modules:
     from tests.realnode_fixtures import job_image, real_cluster  # noqa: F401
@@ -35,26 +35,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 QA, QB = "rn-a", "rn-b"
 PROFILES = {
     "kueue": {"cohort": "rn-lend", "queues": {QA: {"cpu": 1.0}, QB: {"cpu": 1.4}}},
-    "profiles": [
-        {
-            "slug": "cpu",
-            "display_name": "CPU",
-            "groups": ["ml"],
-            "cpu": {"min": 0.5, "max": 2, "default": 1},
-            "memory_gib": {"min": 1, "max": 4, "default": 1},
-            "kueue_queue": QA,
-            "images": ["img"],
-        },
-        {
-            "slug": "cpu-b",
-            "display_name": "CPU (team b)",
-            "groups": ["ml"],
-            "cpu": {"min": 0.5, "max": 2, "default": 1},
-            "memory_gib": {"min": 1, "max": 4, "default": 1},
-            "kueue_queue": QB,
-            "images": ["img"],
-        },
-    ],
+    "profiles": [cpu_profile("cpu-a", QA), cpu_profile("cpu-b", QB)],
 }
 EPOCHS = 12
 # paced data (0.25 s a batch): ann's fit lasts >= 30 s, so bob's job arrives while it trains
