@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import runrecord
+from tests import groupend, runrecord
+from tests.groupend import GROUP
 from tests.kernels import Kernel, job_processes, product_kernel_env
 from tests.unitguard import (  # the unit run's hooks: registered by being names of this conftest
     UNIT_MODULES,
@@ -28,7 +29,6 @@ ROOT = os.path.dirname(HERE)
 
 KWOK_FIXTURES = {"k8s_plane"}
 REALNODE_FIXTURES = {"real_cluster"}
-_GROUP = pytest.StashKey[str]()
 # Each test's last duration (setup + call + teardown), kept outside the checkout like the other caches, so
 # that the next run hands the longest groups out first (longest-first keeps both workers busy to the end).
 DURATIONS = Path(os.environ.get("TFDIST_CACHE") or Path.home() / ".cache" / "tfdist") / "test-durations.json"
@@ -55,6 +55,8 @@ def _durations() -> dict[str, float]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # the planes of the kwok group stop when that group ends on its worker
+    config.pluginmanager.register(groupend, "tfdist-groupend")
     config.addinivalue_line(
         "markers",
         "unit: a process-free test (tests/unitguard.py: its module is in UNIT_MODULES); `-m unit` runs them, "
@@ -84,14 +86,14 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.unit)
         group = _group(item)
         item.add_marker(pytest.mark.xdist_group(group))
-        item.stash[_GROUP] = group
+        item.stash[GROUP] = group
         weight[group] = weight.get(group, 0.0) + known.get(item.nodeid, _UNKNOWN_S)
     if not known:
         for g in ("realnode", "kwok"):
             weight[g] = weight.get(g, 0.0) + 1e6
 
     def order(it: pytest.Item) -> tuple[float, str, bool]:
-        g = it.stash[_GROUP]
+        g = it.stash[GROUP]
         return -weight[g], g, it.get_closest_marker("takes_cluster_down") is not None
 
     items.sort(key=order)

@@ -20,6 +20,7 @@ import uuid
 import pytest
 
 from tests import kube_plane
+from tests.groupend import at_group_end
 
 # The nodes every session gets. Tests that need other shapes call k8s_plane.add_gpu_nodes().
 DEFAULT_GPU_NODES = (
@@ -50,6 +51,7 @@ def k8s_plane():
             plane.add_gpu_nodes(count, gpus, model)
         for count, gpus, model, mig in DEFAULT_MIG_NODES:
             plane.add_gpu_nodes(count, gpus, model, mig=mig, name_prefix="kwok-mig-a100")
+        at_group_end(plane.stop)
         yield plane
     finally:
         plane.stop()

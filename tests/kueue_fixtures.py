@@ -1,7 +1,7 @@
 """One kwok plane with Kueue for every Kueue module of a pytest process that uses it (test_kueue_plane.py,
-test_kueue_visibility.py; test_kueue_preemption.py starts its own again, docs/queueing.md says why): the
-first module that asks starts it, the session's end stops it. Starting one costs 13-35 s (60 s on a
-loaded machine), most of it the API server establishing Kueue's 11 CRDs.
+test_kueue_visibility.py; test_kueue_preemption.py starts its own again, docs/queueing.md says why): the first
+module that asks starts it, the end of their group on this worker stops it (tests/groupend.py). Starting one
+costs 13-35 s (60 s on a loaded machine), most of it the API server establishing Kueue's 11 CRDs.
 
 Each module gets the plane bare of what an earlier module left: that module's namespaces (its Jobs, pods
 and Workloads with them) and kwok nodes are deleted; Kueue's cluster objects (flavors, cohort,
@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests import kube_plane
+from tests.groupend import at_group_end
 from tests.kueue_proc import kueue_missing
 
 # namespaces of the plane itself, kept between modules
@@ -51,6 +52,7 @@ def kueue_plane(config: pytest.Config, module: str) -> kube_plane.ControlPlane:
             raise
         _shared["plane"] = plane
         config.add_cleanup(_stop)
+        at_group_end(_stop)
     else:
         clear(plane)
     WAITS.append((module, time.monotonic() - t0))

@@ -73,15 +73,16 @@ def test_plan_cell_measures_and_recommends(tf_kernel):
 
 def test_plan_takes_the_cell_as_run_takes_it(tf_kernel):
     """The fit's data is an expression (a call), evaluated where the run would: in the probe, with the
-    cell's names shipped as the job ships them; its batch and epochs are the evaluated ones."""
+    cell's names shipped as the job ships them; its batch and epochs are the evaluated ones. (--estimate:
+    what is asserted is the evaluated fit, not the layouts' trials, which the test above runs.)"""
     r = tf_kernel.execute(PIPELINE, timeout=30)
     assert r.error is None, r.error_text
     r = tf_kernel.execute(
-        "%%tfdist plan --workers 2\nhist = model.fit(pipeline(batch=32), epochs=1)", timeout=300
+        "%%tfdist plan --workers 2 --estimate\nhist = model.fit(pipeline(batch=32), epochs=1)", timeout=300
     )
     assert r.error is None, r.error_text
     assert "model: 4,810 parameters" in r.text and "batch 32" in r.text, r.text
-    assert "1 epoch" in r.text
+    assert "1 epoch" in r.text and "tried here" not in r.text, r.text
     assert recommended(r.text).startswith("%%tfdist run"), r.text
     assert "hist" not in tf_kernel.execute("print(sorted(globals()))", timeout=30).text  # nothing ran here
     assert not job_processes()

@@ -1,0 +1,45 @@
+"""Things that live as long as their xdist group on this worker, not as long as the session.
+
+The kwok plane and the Kueue plane serve one group (`kwok`, tests/conftest.py), which a worker runs in one
+stretch; kept until the session's end, their API servers, etcd, controllers and Kueue kept ~0.15 of a
+core busy through the rest of the run (measured during a CI run: the Kueue plane's API server alone
+spent 33 s of CPU in the 8 min after its last test). A fixture registers how to stop what it started
+(`at_group_end`); the hook below runs it after the group's last test here, and the session's own
+teardown stops it again, which is then a no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+GROUP = pytest.StashKey[str]()  # each test's group, set by tests/conftest.py
+_closers: dict[str, list[Callable[[], None]]] = {}
+_current: list[pytest.Item] = []  # the test being set up (fixtures of any scope are made then)
+
+
+def at_group_end(close: Callable[[], None]) -> None:
+    """Run `close` once the group of the test being set up is over on this worker. Outside a test (or in
+    a run without groups) nothing is registered: the session's end does it."""
+    group = _current[0].stash.get(GROUP, None) if _current else None
+    if group is not None:
+        _closers.setdefault(group, []).append(close)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    _current[:] = [item]
+    try:
+        yield
+    finally:
+        _current.clear()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    group = item.stash.get(GROUP, None)
+    if group is None or (nextitem is not None and nextitem.stash.get(GROUP, None) == group):
+        return
+    for close in reversed(_closers.pop(group, [])):
+        close()
