@@ -32,7 +32,7 @@ from ..job.events import LogEvent, ProgressEvent
 from . import bodyfiles, ckptbundle
 from . import events as wire
 from .joblog import JobLog, MetricsMerger
-from .psrestart import CKPT_DIR
+from .psrecovery import CKPT_DIR
 
 POLL_WAIT_S = 10.0
 MAX_POST = 64 * 2**20  # a metrics sample of a 66-task job is tens of KiB; the payload is a streamed PUT

@@ -42,14 +42,18 @@ def run_chief() -> int:
     port = ts.agent_port
     jobdir = tempfile.mkdtemp(prefix="tfdist-job-")
     # The coordinator starts first, gated: TensorFlow loads while the agent starts and the notebook sends
-    # the payload (after the payload, that import took 3-4 s of a 0.45-core pod's path to the first epoch)
+    # the payload (after the payload, that import took 3-4 s of a 0.45-core pod's path to the first epoch).
+    # Nothing heavy before it: the PS watch's checkpoint settings come from the light psrecovery.
+    from . import psrecovery
     from .importing import collector_paused
 
-    with collector_paused():  # this pod's CPU is the coordinator's import's too
-        from .pspod import PsWatch
-
-        watch = PsWatch.from_env(jobdir, lambda _ev: None)  # only its environment: _run_coordinator follows
-        early = _start_coordinator(jobdir, watch.coordinator_env() if watch else {}, gated=True)
+    every = psrecovery.pod_checkpoint_every(ts)
+    early = _start_coordinator(jobdir, psrecovery.checkpoint_env(every, jobdir) if every else {}, gated=True)
+    # The coordinator's import is this pod's way to the first epoch; the agent (its imports, the payload
+    # it receives meanwhile) has time until that import ends. Within the pod's CPU limit the agent
+    # yields to it; later coordinators (after a PS came back) start from here at the same niceness.
+    _yield_cpu()
+    with collector_paused():
         from ..job.events import ProgressEvent, StateEvent, error_info, to_wire
         from .agent import AgentState, serve, wait_until
         from .outcome import coordinator_outcome
@@ -102,6 +106,16 @@ class _Coordinator:
             self.proc.kill()
         self.proc.wait()
         os.close(self.events)
+
+
+YIELD_NICENESS = 10  # CFS weight 110 against a default task's 1024
+
+
+def _yield_cpu() -> None:
+    """This entry point below its pod's task (coordinator or TF server) on the pod's CPU: the niceness
+    weighs only within the pod's own cgroup, so the pod's share of the node is what it was."""
+    with contextlib.suppress(OSError):
+        os.nice(YIELD_NICENESS)
 
 
 def _start_coordinator(jobdir: str, extra_env: dict[str, str], gated: bool = False) -> _Coordinator:
@@ -294,6 +308,7 @@ def run_server(role: str) -> int:
     # As a container's PID 1 this process ignores SIGTERM unless it handles it: end the server with it,
     # and fail (a pod deleted mid-fit that exited 0 would count as a finished index: no replacement).
     signal.signal(signal.SIGTERM, lambda *_: (proc.kill(), os._exit(TERMINATED)))
+    _yield_cpu()  # the sampler and the agent link below: never ahead of the server's steps
     # the pod's CPU goes to TensorFlow's import until the server serves (the coordinator connects only
     # then): the sampler, the agent link and their imports start after it, not beside it
     wait_serving(proc, _own_port(), SERVING_WAIT_S)

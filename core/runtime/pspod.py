@@ -79,14 +79,13 @@ class PsWatch:
     def from_env(cls, jobdir: str, emit: Emit, environ: dict[str, str] | None = None) -> PsWatch | None:
         """The chief's watch when the job asked for --checkpoint-every (TFDIST_CHECKPOINT_EVERY)."""
         ts = TaskSettings(environ)
-        every, cluster = ts.checkpoint_every, ts.cluster
-        if every is None or not cluster:
+        every = psrecovery.pod_checkpoint_every(ts)
+        if every is None or not ts.cluster:
             return None
-        addrs = ps_addresses(cluster)
-        return cls(every, jobdir, addrs, emit) if addrs else None
+        return cls(every, jobdir, ps_addresses(ts.cluster), emit)
 
     def coordinator_env(self) -> dict[str, str]:
-        return psrestart.checkpoint_env(self.every, self.jobdir)
+        return psrecovery.checkpoint_env(self.every, self.jobdir)
 
     def follow(self, proc: subprocess.Popen) -> None:
         """The coordinator now running: a PS lost from here on ends it (the caller restarts it)."""

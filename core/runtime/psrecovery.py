@@ -29,6 +29,18 @@ from typing import Any
 from tfdist.settings import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY, TaskSettings
 
 ENV_EVERY, ENV_DIR = ENV_CHECKPOINT_EVERY, ENV_CHECKPOINT_DIR  # written by psrestart and the manifests
+CKPT_DIR = "ckpt"  # under the job's directory
+
+
+def checkpoint_env(every: int, jobdir: str) -> dict[str, str]:
+    """The coordinator's checkpoint settings (`settings`): every N steps, into JOBDIR/ckpt."""
+    return {ENV_EVERY: str(every), ENV_DIR: os.path.join(jobdir, CKPT_DIR)}
+
+
+def pod_checkpoint_every(ts: TaskSettings) -> int | None:
+    """A coordinator pod's --checkpoint-every, when its job has a PS to come back from (else None)."""
+    every, cluster = ts.checkpoint_every, ts.cluster
+    return every if every is not None and cluster and cluster.get("ps") else None
 
 
 def settings() -> tuple[int, str] | None:

@@ -19,14 +19,13 @@ from tfdist.job.events import Event, TaskEvent
 from tfdist.job.restart import PS_RESTARTS, RestartPolicy
 from tfdist.job.vocab import TaskState
 from tfdist.jobspec import JobSpec
-from tfdist.runtime import psrecovery
+from tfdist.runtime.psrecovery import checkpoint_env
 from tfdist.tf_config import TaskId
 
 if TYPE_CHECKING:  # the coordinator pod (runtime.pspod) imports this module: none of the local spawning
     from tfdist.runtime.spawn import Task
 
 MAX_PS_RESTARTS = PS_RESTARTS  # the restart policy's (tfdist.job.restart), as the pods and messages name it
-CKPT_DIR = "ckpt"
 
 
 class TaskHost(Protocol):
@@ -46,11 +45,6 @@ class TaskHost(Protocol):
 
     def forget(self, task: str) -> None:
         """Stop sampling the task's process (it ended)."""
-
-
-def checkpoint_env(every: int, jobdir: str) -> dict[str, str]:
-    """The coordinator's checkpoint settings (psrecovery.settings): every N steps, into JOBDIR/ckpt."""
-    return {psrecovery.ENV_EVERY: str(every), psrecovery.ENV_DIR: os.path.join(jobdir, CKPT_DIR)}
 
 
 def restart_line(task: str, how: str, every: int, restarts: int) -> str:
