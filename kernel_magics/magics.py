@@ -21,7 +21,7 @@ from IPython.display import display
 
 from .. import memfit
 from ..aio import Portal
-from ..backends import get_backend
+from ..backends import get_backend, import_ahead
 from ..backends.base import Backend, Launch
 from ..errors import NoSuchJob, TfdistError
 from ..events import StateEvent
@@ -73,7 +73,10 @@ class TfdistMagics(CellCheck, JobFollower, JobCommands, Magics):
     # ------------------------------------------------------------------ plumbing
     def warm_up_first(self) -> bool:
         """At the extension's load: this kernel's warm pool, where its jobs run locally and the admin
-        left TFDIST_POOL_ON_LOAD on. Never fails the load: a pool is only ever a head start."""
+        left TFDIST_POOL_ON_LOAD on; where they run on Kubernetes, the client's imports. Never fails the
+        load: either is only ever a head start."""
+        if self.settings.backend == "kubernetes":
+            return import_ahead("kubernetes") is not None
         if self.settings.backend != "local" or not KernelSettings().pool_on_load:
             return False
         try:

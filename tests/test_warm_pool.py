@@ -246,7 +246,7 @@ PoolKeeper.take = _slow_take
 def test_the_extension_load_starts_the_pool_for_the_first_job(tmp_path):
     """With the product's defaults, `%load_ext tfdist` starts the kernel's pool: its first job is forked
     from TensorFlow imported while the cell was written. Off with TFDIST_POOL_ON_LOAD=0, and where jobs
-    run on Kubernetes (no local job would take it)."""
+    run on Kubernetes (no local job would take it; the Kubernetes client's imports start instead)."""
     ks = []
     try:
         for name, extra in (
@@ -258,6 +258,10 @@ def test_the_extension_load_starts_the_pool_for_the_first_job(tmp_path):
             assert k.execute("%load_ext tfdist", timeout=60).error is None
             with pytest.raises(TimeoutError):
                 _pool_record(state, k.pid, timeout=3)
+            # where jobs run on Kubernetes, the load imports the client for the first job instead (in a
+            # thread: the 3 s above were its time); a local kernel never loads it
+            r = k.execute("import sys; print('kubernetes_asyncio.client' in sys.modules)", timeout=30)
+            assert r.text.strip() == str(name == "kube"), (name, r.text)
         state = str(tmp_path / "state")
         ks.append(k := Kernel(kernel_env(state, TFDIST_POOL_SIZE="3"), cwd=str(tmp_path)))
         assert k.execute("%load_ext tfdist", timeout=60).error is None
