@@ -49,10 +49,9 @@ def run_chief() -> int:
 
     every = psrecovery.pod_checkpoint_every(ts)
     early = _start_coordinator(jobdir, psrecovery.checkpoint_env(every, jobdir) if every else {}, gated=True)
-    # The coordinator's import is this pod's way to the first epoch; the agent (its imports, the payload
-    # it receives meanwhile) has time until that import ends. Within the pod's CPU limit the agent
-    # yields to it; later coordinators (after a PS came back) start from here at the same niceness.
-    _yield_cpu()
+    # The agent keeps its share of the pod's CPU beside the coordinator (no _yield_cpu here): the payload
+    # it receives is needed by the time the coordinator's import ends, and the events it relays are the
+    # notebook's live view while the coordinator keeps the pod busy.
     with collector_paused():
         from ..job.events import ProgressEvent, StateEvent, error_info, to_wire
         from .agent import AgentState, serve, wait_until
@@ -112,8 +111,8 @@ YIELD_NICENESS = 10  # CFS weight 110 against a default task's 1024
 
 
 def _yield_cpu() -> None:
-    """This entry point below its pod's task (coordinator or TF server) on the pod's CPU: the niceness
-    weighs only within the pod's own cgroup, so the pod's share of the node is what it was."""
+    """A server pod's entry point below its TF server on the pod's CPU: the niceness weighs only within
+    the pod's own cgroup, so the pod's share of the node is what it was."""
     with contextlib.suppress(OSError):
         os.nice(YIELD_NICENESS)
 
