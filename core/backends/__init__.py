@@ -29,7 +29,7 @@ def get_backend(name: str, settings: Settings) -> Backend:
 
 # What a kernel's first job on a backend imports beyond what the extension's load did: for Kubernetes, its
 # client and this backend's modules (~0.7 s of CPU on 2 cores, most of the kernel's 1.5 CPU-seconds on its
-# first job against 0.3 on later ones: benchmarks/results/k8s_bare.json, the first repeat)
+# first job against 0.3 on later ones: benchmarks/results/k8s_bare-3fceecb.json, the first repeat)
 FIRST_JOB_IMPORTS = {
     "kubernetes": (
         "tfdist.backends.kubernetes",
