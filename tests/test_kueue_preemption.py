@@ -135,6 +135,50 @@ def test_a_preempted_job_is_said_so_not_a_failed_coordinator():
     assert fold.verdict().state == JobState.SUCCEEDED
 
 
+def test_the_verdict_comes_once_the_evicted_coordinator_is_gone_not_when_every_pod_is():
+    """What the real node showed (stop 36): Kueue evicts the group; the chief's pod is deleted; the evicted
+    run's PS and worker Jobs replace their failed pods (the Job controller's backoff, ~9 s later) until the
+    root's TTL takes them. The verdict is due when the coordinator's pod is gone, not then."""
+    cond = {
+        "type": "TerminationTarget",
+        "status": "True",
+        "reason": "WorkloadEvictedDueToPreempted",
+        "message": KUEUE_MESSAGE,
+    }
+
+    def pod(task: str, name: str, phase: str, conditions: list | None = None, deleting: bool = False) -> dict:
+        md = {"name": name, "labels": {kn.L_JOB: "j", kn.L_TASK: task}}
+        if deleting:
+            md["deletionTimestamp"] = "2026-12-04T11:30:00Z"
+        return {"metadata": md, "status": {"phase": phase, "conditions": conditions or []}}
+
+    running = [
+        pod("chief-0", "j-c", "Running"),
+        pod("ps-0", "j-ps-0-a", "Running"),
+        pod("worker-0", "j-w-a", "Running"),
+    ]
+    fold = PodFold(expected=3)
+    fold.listed(running)
+    fold.changed("MODIFIED", pod("chief-0", "j-c", "Running", [cond]))
+    assert fold.verdict() is None  # marked, its coordinator still running
+    for task, name in (("ps-0", "j-ps-0-a"), ("chief-0", "j-c"), ("worker-0", "j-w-a")):
+        fold.changed("MODIFIED", pod(task, name, "Running", [cond], deleting=True))
+    v = fold.verdict()  # the coordinator's pod is being deleted: this run is over
+    assert v is not None and v.error is not None and v.error.reason == Reason.PREEMPTED.value, v
+
+    # the order the real node showed: the chief's pod gone, then the old Jobs' replacements; the code
+    # before waited for every pod to go, which these replacements put off until the root's TTL
+    fold = PodFold(expected=3)
+    fold.listed(running)
+    fold.changed("MODIFIED", pod("ps-0", "j-ps-0-a", "Failed", [cond]))
+    fold.changed("MODIFIED", pod("worker-0", "j-w-a", "Failed", [cond]))
+    fold.changed("DELETED", pod("chief-0", "j-c", "Failed", [cond], deleting=True))
+    fold.changed("ADDED", pod("ps-0", "j-ps-0-b", "Pending"))
+    fold.changed("ADDED", pod("worker-0", "j-w-b", "Pending"))
+    v = fold.verdict()
+    assert v is not None and v.error is not None and v.error.reason == Reason.PREEMPTED.value, v
+
+
 def test_the_requeued_cell_says_where_it_waits_and_whether_it_starts_over():
     said = "preempted by Kueue to give queue qb its quota back"
     assert pre.requeued(said, QA, None) == (

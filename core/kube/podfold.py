@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ..job.events import ErrorInfo, Event, LogEvent, StateEvent, TaskEvent
-from ..job.vocab import FailureKind, JobState, Reason, TaskState
+from ..job.vocab import LIVE_TASK_STATES, FailureKind, JobState, Reason, TaskState
 from . import status as st
 from .preemption import Preemption, eviction
 
@@ -81,7 +81,13 @@ class PodFold:
         # Kueue deleted every pod: the Job controllers bring none back. A coordinator that exited 0 on the
         # eviction's SIGTERM did not finish the fit either.
         ended = done is not None and (done.state == JobState.FAILED or "chief-0" in self.evicted)
-        if self.preempted is not None and (self.empty or ended):
+        # Nor does anything of the run go on once the coordinator's evicted pod is over or gone. Waiting for
+        # the other tasks held the verdict until the root's TTL took the evicted run's PS and worker Jobs
+        # (15 s after the eviction on the real node), while those replaced their pods (the Job controller's
+        # backoff, 9 s after it): "pod replaced by the cluster" lines, and the new run 15 s later.
+        chief = self.tasks.get("chief-0")
+        stopped = "chief-0" in self.evicted and (chief is None or chief[0] not in LIVE_TASK_STATES)
+        if self.preempted is not None and (self.empty or ended or stopped):
             return self._preempted()
         return done
 
