@@ -138,7 +138,7 @@ def test_a_preempted_job_is_said_so_not_a_failed_coordinator():
 def test_the_verdict_comes_once_the_evicted_coordinator_is_gone_not_when_every_pod_is():
     """What the real node showed (stop 36): Kueue evicts the group; the chief's pod is deleted; the evicted
     run's PS and worker Jobs replace their failed pods (the Job controller's backoff, ~9 s later) until the
-    root's TTL takes them. The verdict is due when the coordinator's pod is gone, not then."""
+    root's TTL takes them. The verdict is due once the coordinator's pod stops, not once every pod is gone."""
     cond = {
         "type": "TerminationTarget",
         "status": "True",
