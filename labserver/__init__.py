@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .handlers import setup_route_handlers
+from .shutdown import release_workers_at_exit
 
 LAB_EXTENSION_NAME = "jupyter-tfdist"
 
@@ -19,8 +20,10 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    """Mount the routes and make the one sampler this server shares between all tabs."""
+    """Mount the routes and make the one sampler this server shares between all tabs; let the server exit
+    when stopped mid-request (labserver.shutdown)."""
     setup_route_handlers(serverapp)
+    release_workers_at_exit()
     serverapp.log.info("tfdist: jobs panel routes mounted under %s", "tfdist/api/")
 
 
