@@ -5,7 +5,8 @@ contents) in AnyIO worker threads. They are not daemon threads, and AnyIO stops 
 started it finishes (agronholm/anyio#321, jupyterlab/jupyterlab#10442). A server told to stop (SIGINT
 from the hub's spawner, SIGTERM from the hub or the kubelet) ends its event loop with such a request still
 pending, so its task never finishes and the interpreter waits on the idle thread at exit: the hub's spawner
-SIGKILLed it after its interrupt and term timeouts (60 s), the kubelet at the end of the pod's grace period.
+SIGKILLed it after its interrupt and term timeouts (60 s); the kubelet kills it at the end of the pod's
+grace period (1 s under KubeSpawner) instead of letting it exit.
 
 Python runs the callbacks of `threading._register_atexit` (as concurrent.futures does for its workers)
 after the main thread returned and before it joins the other non-daemon threads: there each AnyIO worker is
