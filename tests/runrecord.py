@@ -24,13 +24,43 @@ RECORD = Path(
     or Path(__file__).resolve().parents[1] / "artifacts" / "test-run.json"
 )
 _t0: list[float] = []
+_cpu0: list[dict[str, float]] = []
+_calibration: list[float] = []
 _outcomes: collections.Counter[str] = collections.Counter()
 _module_s: collections.Counter[str] = collections.Counter()
 _group_s: collections.Counter[str] = collections.Counter()
 
 
+def _cpu_seconds() -> dict[str, float]:
+    """The machine's CPU time so far by kind (/proc/stat, all CPUs): what the run's own processes had
+    (busy), what no one used (idle), and what the hypervisor gave other guests (steal)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return {}
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    tick = os.sysconf("SC_CLK_TCK")
+    return {
+        "busy": (user + nice + system + irq + softirq) / tick,
+        "idle": (idle + iowait) / tick,
+        "steal": steal / tick,
+    }
+
+
+def _calibrate() -> float:
+    """Seconds of one fixed pure-Python loop: the same run's figure on a faster or a slower moment of a
+    shared machine (its speed varied 20-40 % between CI runs of the same code)."""
+    t = time.perf_counter()
+    sum(i * i for i in range(3_000_000))
+    return round(time.perf_counter() - t, 3)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     _t0.append(time.time())
+    if not hasattr(session.config, "workerinput"):
+        _cpu0.append(_cpu_seconds())
+        _calibration.append(_calibrate())
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -67,6 +97,11 @@ def write(session: pytest.Session, exitstatus: int) -> None:
             "summed_test_s": round(sum(_module_s.values()), 1),
             "group_s": {k: round(v, 1) for k, v in _group_s.items()},
             "slowest_modules_s": {k: round(v, 1) for k, v in _module_s.most_common(20)},
+            # the machine over the run: its CPU seconds by kind, and the fixed loop before and after
+            "cpu_s": {k: round(v - _cpu0[0].get(k, 0.0), 1) for k, v in _cpu_seconds().items()}
+            if _cpu0 and _cpu0[0]
+            else {},
+            "calibration_loop_s": [*_calibration, _calibrate()],
             "how": "tests/runrecord.py: pytest's own report of each test (setup + call + teardown), summed",
         }
         RECORD.parent.mkdir(parents=True, exist_ok=True)
