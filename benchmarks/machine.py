@@ -12,6 +12,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,15 @@ def _gpus() -> list[str]:
     return [ln.strip() for ln in out.splitlines() if ln.startswith("GPU ")]
 
 
+def python_loop_s() -> float:
+    """CPU seconds of one fixed pure-Python loop (~0.25 s here). This machine is a VM on a shared host and
+    its speed varied 20-40 % over a day; its own load does not change this figure (the loop's own CPU
+    time, not the wall clock's), a slower host does (the guest's clock runs on while its CPU waits)."""
+    t = time.thread_time()
+    sum(i * i for i in range(3_000_000))
+    return round(time.thread_time() - t, 3)
+
+
 def _commit() -> str | None:
     try:
         head = subprocess.run(
@@ -65,7 +75,8 @@ def _commit() -> str | None:
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, logical and usable CPUs, memory, load, OS, kernel, Python, GPUs, the date and commit."""
+    """CPU model, logical and usable CPUs, memory, load, the fixed loop's time, OS, kernel, Python, GPUs, the
+    date and commit."""
     import psutil
 
     load = os.getloadavg()
@@ -75,6 +86,7 @@ def machine() -> dict[str, Any]:
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "load_avg_1m_5m": [round(load[0], 2), round(load[1], 2)],
+        "python_loop_s": python_loop_s(),
         "os": _os_name(),
         "kernel": platform.release(),
         "python": platform.python_version(),

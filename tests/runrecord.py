@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,19 +49,31 @@ def _cpu_seconds() -> dict[str, float]:
     }
 
 
-def _calibrate() -> float:
-    """Seconds of one fixed pure-Python loop: the same run's figure on a faster or a slower moment of a
-    shared machine (its speed varied 20-40 % between CI runs of the same code)."""
-    t = time.perf_counter()
-    sum(i * i for i in range(3_000_000))
-    return round(time.perf_counter() - t, 3)
+def _sample_speed(every_s: float = 60.0) -> None:
+    """The fixed loop's CPU seconds once a minute through the run (0.4 % of a core): how fast the host let
+    this machine run, whatever the tests' own load."""
+    from benchmarks.machine import python_loop_s
+
+    while True:
+        _calibration.append(python_loop_s())
+        time.sleep(every_s)
+
+
+def _loop_summary(samples: list[float]) -> dict[str, Any]:
+    ordered = sorted(samples)
+    return {
+        "samples": len(ordered),
+        "min": ordered[0] if ordered else None,
+        "median": ordered[len(ordered) // 2] if ordered else None,
+        "max": ordered[-1] if ordered else None,
+    }
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _t0.append(time.time())
     if not hasattr(session.config, "workerinput"):
         _cpu0.append(_cpu_seconds())
-        _calibration.append(_calibrate())
+        threading.Thread(target=_sample_speed, name="runrecord-speed", daemon=True).start()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -85,8 +98,9 @@ def write(session: pytest.Session, exitstatus: int) -> None:
         from benchmarks.machine import machine
 
         workers = getattr(session.config.option, "numprocesses", None)
+        record_machine = machine()  # its python_loop_s: the loop's at the end
         record: dict[str, Any] = {
-            "machine": machine(),
+            "machine": record_machine,
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_t0[0])),
             "wall_s": round(time.time() - _t0[0], 1),
             "exitstatus": int(exitstatus),
@@ -97,11 +111,11 @@ def write(session: pytest.Session, exitstatus: int) -> None:
             "summed_test_s": round(sum(_module_s.values()), 1),
             "group_s": {k: round(v, 1) for k, v in _group_s.items()},
             "slowest_modules_s": {k: round(v, 1) for k, v in _module_s.most_common(20)},
-            # the machine over the run: its CPU seconds by kind, and the fixed loop before and after
+            # the machine over the run: its CPU seconds by kind, and the fixed loop's CPU seconds each minute
             "cpu_s": {k: round(v - _cpu0[0].get(k, 0.0), 1) for k, v in _cpu_seconds().items()}
             if _cpu0 and _cpu0[0]
             else {},
-            "calibration_loop_s": [*_calibration, _calibrate()],
+            "python_loop_s": _loop_summary([*_calibration, record_machine["python_loop_s"]]),
             "how": "tests/runrecord.py: pytest's own report of each test (setup + call + teardown), summed",
         }
         RECORD.parent.mkdir(parents=True, exist_ok=True)
