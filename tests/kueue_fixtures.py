@@ -1,5 +1,5 @@
 """One kwok plane with Kueue for every Kueue module of a pytest process that uses it (test_kueue_plane.py,
-test_kueue_visibility.py, test_kueue_preemption.py): the first
+test_kueue_visibility.py; test_kueue_preemption.py starts its own, its fixture says why): the first
 module that asks starts it, the end of their group on this worker stops it (tests/groupend.py). Starting one
 costs 13-35 s (60 s on a loaded machine), most of it the API server establishing Kueue's 11 CRDs.
 

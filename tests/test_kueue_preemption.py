@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from tests.kueue_fixtures import kueue_plane
+from tests import kube_plane
+from tests.kueue_fixtures import _in_ci
+from tests.kueue_proc import kueue_missing
 from tests.test_checkpoint_handover import write_checkpoint
 from tests.test_kueue_plane import api_client, bound, spec, until
 from tfdist.backends.base import Launch
@@ -194,14 +196,23 @@ def test_the_requeued_cell_says_where_it_waits_and_whether_it_starts_over():
 
 
 @pytest.fixture(scope="module")
-def kp(request):
-    """The process's one plane with Kueue (tests/kueue_fixtures.py), with this module's node, users and
-    queues. (It had a plane of its own while a resubmitted job could meet its old worker Job, which the
-    garbage collector removes after the root; the backend now waits for those to go: 549005c.)"""
+def kp():
+    """A Kueue plane of this module's own, with its node, users and queues. It shared the one of
+    tests/kueue_fixtures.py once: a resubmitted job then met its old worker Job, which the garbage collector
+    removes after the root (the backend now waits for them to go: 549005c). Shared again on 2026-12-04,
+    test_kueue_plane.py's gating test failed once when it came after this module and the visibility one
+    (not yet understood; it passed in the other order), so this module keeps its own."""
+    bin_dir = kube_plane.find_bin_dir()
+    why = ", ".join(kube_plane.missing_binaries(bin_dir)) or kueue_missing()
+    if why:
+        if _in_ci():
+            pytest.fail(f"{why} [CI is set, so this is an error]", pytrace=False)
+        pytest.skip(why)
     t0 = time.monotonic()
-    plane = kueue_plane(request.config, __name__)
-    TIMES["plane_with_kueue_s"] = time.monotonic() - t0
+    plane = kube_plane.ControlPlane(bin_dir, kueue=True)
     try:
+        plane.start()
+        TIMES["plane_with_kueue_s"] = time.monotonic() - t0
         plane.add_gpu_nodes(1, 8, H100["nvidia.com/gpu.product"])
         for ns in (ANN, BOB):
             plane.create_namespace(ns)
@@ -219,6 +230,7 @@ def kp(request):
         yield plane
     finally:
         print(f"\npreemption plane timings: {TIMES}")
+        plane.stop()
 
 
 def backend(plane, ns: str, queue: str, state_dir: str = "") -> KubernetesBackend:
@@ -300,7 +312,7 @@ async def test_a_borrowing_job_is_evicted_whole_and_comes_back_when_the_lender_i
         )
         await until("ann's job bound", lambda: sum(map(bound, job_pods(kp, ANN, "big"))) == 4, 90)
         first_run = {p["metadata"]["uid"] for p in job_pods(kp, ANN, "big")}
-        first_workload = {(workload(kp, ANN, "big") or {}).get("metadata", {}).get("uid")}
+        first_workload = (workload(kp, ANN, "big") or {}).get("metadata", {}).get("uid")
         # what the kernel's keeper fetched from the coordinator's agent while it trained (kwok pods run
         # nothing: tests/test_pod_runtime_preempt_resume.py fetches a real one)
         kept = checkpoints.kept_path(str(tmp_path), ANN, "big", checkpoints.payload_digest(b"p"))
@@ -320,18 +332,19 @@ async def test_a_borrowing_job_is_evicted_whole_and_comes_back_when_the_lender_i
         # Kueue's own record: evicted by preemption, reclaimed within the cohort by qb. Read from its Event on
         # the evicted Workload, which outlives it: the kernel deletes the evicted root as soon as its
         # coordinator is gone and submits it again, so the Workload of that name may already be the new one
-        events = (
-            f"/api/v1/namespaces/{ANN}/events?fieldSelector=involvedObject.kind%3DWorkload,reason%3DPreempted"
-        )
+        events = f"/api/v1/namespaces/{ANN}/events?fieldSelector=involvedObject.kind%3DWorkload"
         (said,) = await until(
             "Kueue's Preempted event on ann's Workload",
-            lambda: [e for e in kp.get(events)["items"] if e["involvedObject"]["name"] == "big"],
+            lambda: [
+                e
+                for e in kp.get(events)["items"]
+                if e["involvedObject"]["name"] == "big" and e["reason"] == "Preempted"
+            ],
             30,
         )
-        assert said["involvedObject"]["uid"] in first_workload, (said["involvedObject"], first_workload)
-        assert "due to reclamation within the cohort" in said["message"], said[
-            "message"
-        ]  # InCohortReclamation
+        assert said["involvedObject"]["uid"] == first_workload, (said["involvedObject"], first_workload)
+        # its reason, InCohortReclamation, in Kueue's words
+        assert "due to reclamation within the cohort" in said["message"], said["message"]
         assert "preemptor path: /lend/qb" in said["message"], said["message"]
         # the cell: preempted, not failed, and in line again
         await until("ann's cell told", lambda: [e for e in states() if "preempted" in (e.message or "")], 60)
