@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import requests
+
+from tests.hub_fixtures import free_port
 
 TOKEN = "stop-test-token"
 SLOW_EXTENSION = """
@@ -49,12 +50,6 @@ def _jupyter_server_extension_points():
 def _load_jupyter_server_extension(serverapp):
     serverapp.web_app.add_handlers(".*$", [(serverapp.base_url + "slow", Slow)])
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(tmp_path: Path, extensions: str) -> tuple[subprocess.Popen, str]:
