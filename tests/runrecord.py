@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ RECORD = Path(
 )
 _t0: list[float] = []
 _cpu0: list[dict[str, float]] = []
-_calibration: list[float] = []
+_loop_samples: list[float] = []
 _outcomes: collections.Counter[str] = collections.Counter()
 _module_s: collections.Counter[str] = collections.Counter()
 _group_s: collections.Counter[str] = collections.Counter()
@@ -55,17 +56,18 @@ def _sample_speed(every_s: float = 60.0) -> None:
     from benchmarks.machine import python_loop_s
 
     while True:
-        _calibration.append(python_loop_s())
+        _loop_samples.append(python_loop_s())
         time.sleep(every_s)
 
 
 def _loop_summary(samples: list[float]) -> dict[str, Any]:
-    ordered = sorted(samples)
+    if not samples:
+        return {"samples": 0}
     return {
-        "samples": len(ordered),
-        "min": ordered[0] if ordered else None,
-        "median": ordered[len(ordered) // 2] if ordered else None,
-        "max": ordered[-1] if ordered else None,
+        "samples": len(samples),
+        "min": min(samples),
+        "median": statistics.median(samples),
+        "max": max(samples),
     }
 
 
@@ -115,7 +117,7 @@ def write(session: pytest.Session, exitstatus: int) -> None:
             "cpu_s": {k: round(v - _cpu0[0].get(k, 0.0), 1) for k, v in _cpu_seconds().items()}
             if _cpu0 and _cpu0[0]
             else {},
-            "python_loop_s": _loop_summary([*_calibration, record_machine["python_loop_s"]]),
+            "python_loop_s": _loop_summary([*_loop_samples, record_machine["python_loop_s"]]),
             "how": "tests/runrecord.py: pytest's own report of each test (setup + call + teardown), summed",
         }
         RECORD.parent.mkdir(parents=True, exist_ok=True)
