@@ -20,6 +20,7 @@ from tests import test_k8s_tenancy as tenancy_tests
 from tests.test_k8s_tenancy import GPU_TOL, H100, IMAGE, NOTEBOOK, RESTRICTED, _token
 from tfdist.kube import tenancy
 from tfdist.kube.apply import prepare_user_namespace
+from tfdist.kube.egress import EGRESS_POLICY
 
 pytestmark = [pytest.mark.k8s]
 # the hub (its RBAC and bounds, the admission policies) and two prepared users, as there
@@ -262,6 +263,39 @@ def test_no_service_account_token_secret_no_egress_policy_no_unowned_objects(k8s
         {"apiVersion": "v1", "kind": "ResourceQuota", "name": tenancy.QUOTA, "uid": quota["metadata"]["uid"]}
     ]
     refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "owned by your notebook server's pod")
+
+
+def test_the_hubs_policies_and_objects_cannot_be_deleted_by_the_user(k8s_plane, ann):
+    """The namespace's default deny, its egress limits and the notebook's ingress rule are the hub's: a user
+    who deleted them (their Role may delete by name, for a submit's rollback) would lift every egress limit
+    until their next spawn. Only objects one of their jobs owns may go; the job's own policy still does."""
+    ns, token = ann
+    netpols = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+    hubs = {p["metadata"]["name"] for p in k8s_plane.get(netpols)["items"]}
+    assert {tenancy.DENY_POLICY, EGRESS_POLICY, "tfdist-notebook-ingress"} <= hubs, hubs
+    for name in sorted(hubs):
+        refused(call(k8s_plane, token, "DELETE", f"{netpols}/{name}"), "only what one of your jobs owns")
+    assert {p["metadata"]["name"] for p in k8s_plane.get(netpols)["items"]} == hubs
+    # an object the hub made with no job owner: a Secret and a Service of the user's namespace
+    for kind in ("secrets", "services"):
+        path = f"/api/v1/namespaces/{ns}/{kind}"
+        body = {"metadata": {"name": f"hubs-{uuid.uuid4().hex[:6]}"}}
+        if kind == "services":
+            body["spec"] = {"clusterIP": "None", "ports": [{"port": 2222}]}
+        made = k8s_plane.request("POST", path, body)
+        gone = call(k8s_plane, token, "DELETE", f"{path}/{made['metadata']['name']}")
+        refused(gone, "only what one of your jobs owns")
+        assert k8s_plane.get(f"{path}/{made['metadata']['name']}") is not None
+    # the control: a job's own ingress policy is the user's to delete (a submit's rollback)
+    owner = _owned_by_job(k8s_plane, token, ns)
+    mine = {
+        "metadata": {"name": f"job-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{}]},
+    }
+    code, body = call(k8s_plane, token, "POST", netpols, mine)
+    assert code == 201, body
+    code, body = call(k8s_plane, token, "DELETE", f"{netpols}/{mine['metadata']['name']}")
+    assert code == 200, body
 
 
 # ----------------------------------------------------------- MEDIUM: Pod Security restricted, caps

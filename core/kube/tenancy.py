@@ -53,8 +53,9 @@ NOTEBOOK_RULES: list[dict[str, Any]] = [
     # read-only: the Job controller creates the pods; the notebook watches them and reads their logs
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-    # created once per job, owned by the root; deleted by name only when a submit is rolled back. Secrets
-    # are write-only: never read, never listed
+    # created once per job, owned by the root; deleted by name only when a submit is rolled back (the
+    # admission policy refuses deleting any the user's jobs do not own: the hub's default policies stay).
+    # Secrets are write-only: never read, never listed
     {"apiGroups": [""], "resources": ["services", "secrets"], "verbs": ["create", "delete"]},
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create", "delete"]},
     # the quota check before a job is created, and why the Job controller could not create its pods
