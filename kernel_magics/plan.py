@@ -26,8 +26,9 @@ from IPython.display import HTML, Image, display
 
 from .. import advisor, payload
 from ..errors import TfdistError
+from ..runtime.netns import IsolationUnavailable, isolation_prefix
 from ..runtime.probe import ProbeResult
-from ..settings import KernelSettings
+from ..settings import ENV_NETNS, KernelSettings
 from ..taskenv import thread_env, usable_cores
 from . import args as margs
 from .fitcheck import check_compiled, check_fits
@@ -165,8 +166,24 @@ def trial_layouts(hw: advisor.Hardware, workers: int, estimate: bool) -> list[st
     return ["1x1", *(f"{workers}x{k}" for k in advisor.ps_counts(workers, workers)), f"ar{workers}"]
 
 
-def measure(shell: Any, fit: FitCall, split: int, trials: list[str] | None = None) -> ProbeResult:
-    """The probe's measurement of the fit, in a subprocess with this server's thread pools."""
+def probe_prefix(server_backend: str) -> list[str]:
+    """The probe starts TensorFlow servers (its fixed costs, its trials) that listen on every interface and
+    run any graph sent to them, as a local job's do: where this server runs local jobs, the probe gets a
+    network namespace of its own as they do. A notebook pod's namespace admits nobody to those ports (its
+    default-deny ingress, which its user cannot delete)."""
+    if server_backend != "local":
+        return []
+    try:
+        return isolation_prefix(KernelSettings().isolation, "the plan's measurement")
+    except (ValueError, IsolationUnavailable) as exc:
+        raise TfdistError(str(exc)) from None
+
+
+def measure(
+    shell: Any, fit: FitCall, split: int, trials: list[str] | None = None, prefix: list[str] | None = None
+) -> ProbeResult:
+    """The probe's measurement of the fit, in a subprocess with this server's thread pools (under
+    `prefix`: `probe_prefix`)."""
     try:
         blob = payload.pack(fit.source, fit.reads, shell.user_ns, line_offset=fit.line_offset)
     except payload.ShippingError as exc:
@@ -178,9 +195,11 @@ def measure(shell: Any, fit: FitCall, split: int, trials: list[str] | None = Non
         env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
         env.pop("TF_CONFIG", None)
         env |= thread_env(None, usable_cores())
+        env[ENV_NETNS] = "1" if prefix else "0"
         try:
             proc = subprocess.run(
                 [
+                    *(prefix or []),
                     sys.executable,
                     "-m",
                     "tfdist.runtime.probe",
@@ -316,7 +335,8 @@ def plan(magics: Any, argv: list[str], cell: str | None) -> None:
             )
         fit = line_fit(magics.shell, opts.model, opts.data)
     hw, workers = hardware(opts, magics.settings)
-    got = measure(magics.shell, fit, workers, trial_layouts(hw, workers, opts.estimate))
+    prefix = probe_prefix(magics.settings.backend)
+    got = measure(magics.shell, fit, workers, trial_layouts(hw, workers, opts.estimate), prefix)
     hw = advisor.with_costs(hw, got.costs, local=(opts.backend or magics.settings.backend) == "local")
     m = advisor.Measured(
         step_s=got.step_s,

@@ -90,7 +90,12 @@ class TfdistLocalSpawner(LocalServerState, LocalServerProcesses, GpuFormMixin, S
         help="Seconds between fallback watchdog checks of each server's memory (cgroup-less).",
     )
     hide_gpus_when_none = Bool(
-        True, config=True, help="Set CUDA_VISIBLE_DEVICES='' for a 0-GPU server so it cannot touch any GPU."
+        True,
+        config=True,
+        help=(
+            "Set CUDA_VISIBLE_DEVICES='' for a 0-GPU server, so its frameworks see no GPU (not a boundary: "
+            "servers run as the hub's user; docs/security.md)."
+        ),
     )
 
     _tfdist_gpu_indices: list[DeviceKey]  # GPU indices and MIG instance UUIDs

@@ -3,6 +3,12 @@ chart and one recommended run line are shown, and nothing is started; bad input 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import time
+
+import psutil
 import pytest
 
 from tests.kernels import job_processes, jobs_in
@@ -69,6 +75,68 @@ def test_plan_cell_measures_and_recommends(tf_kernel):
     # the kernel's model is untouched (measured in a copy, in another process)
     r = tf_kernel.execute("print(model.optimizer.iterations.numpy())", timeout=30)
     assert r.text.strip() == "0"
+
+
+def test_the_plans_tensorflow_servers_are_out_of_reach_of_this_machines_other_users(tf_kernel):
+    """The probe's TensorFlow servers (its fixed costs: a PS round trip, a collective) listen on every
+    interface and run any graph sent to them, as a job's do: another user of this machine, or of its
+    network, must not reach them while a plan runs. Like a job, the probe gets a network namespace of its
+    own. Each port is tried from this (the host's) namespace while the server listens on it."""
+    th, box = tf_kernel.execute_in_background("%%tfdist plan --workers 2 --estimate\n" + FIT, timeout=240)
+    host_ns = os.readlink("/proc/self/ns/net")
+    listened: dict[int, str] = {}  # port -> the namespace it listened in
+    reached: list[int] = []
+    while th.is_alive():
+        for proc in probe_tree(tf_kernel.pid):
+            try:
+                ns = os.readlink(f"/proc/{proc.pid}/ns/net")
+                ports = listening(proc.pid)
+            except OSError:
+                continue
+            for port in ports - set(listened):
+                listened[port] = ns
+                with socket.socket() as s:
+                    s.settimeout(1)
+                    if s.connect_ex(("127.0.0.1", port)) == 0:
+                        reached.append(port)
+        time.sleep(0.05)
+    th.join()
+    assert box and box[0].error is None, box and box[0].error_text
+    assert "recommended: %%tfdist run " in box[0].text
+    assert len(listened) >= 2, f"the probe's servers were never seen listening: {listened}"
+    assert not reached, f"the plan's TF ports {reached} were reachable from the host's network"
+    assert host_ns not in listened.values(), listened
+
+
+def listening(pid: int) -> set[int]:
+    """TCP ports `pid` itself listens on, in whichever network namespace it is (/proc/PID/net is that
+    namespace's table; psutil reads this one's)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # LISTEN, and this process's socket
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def probe_tree(kernel_pid: int) -> list[psutil.Process]:
+    """The plan's probe process and everything under it."""
+    out = []
+    for p in psutil.Process(kernel_pid).children(recursive=True):
+        try:
+            if "tfdist.runtime.probe" in " ".join(p.cmdline()):
+                out += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return out
 
 
 def test_plan_takes_the_cell_as_run_takes_it(tf_kernel):

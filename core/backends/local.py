@@ -36,10 +36,10 @@ from ..jobrecords import JobSummary
 from ..jobspec import JobSpec
 from ..jobview import JobView
 from ..procid import ProcessId
-from ..runtime.netns import wrapper_command
+from ..runtime.netns import IsolationUnavailable, isolation_prefix
 from ..runtime.tasklog import tail_lines
 from ..runtime.unixsock import short_path
-from ..settings import ENV_ISOLATION, ENV_NETNS, KernelSettings
+from ..settings import ENV_NETNS, KernelSettings
 from .base import Backend, Launch
 from .localdetach import DETACHED_FILE, DetachedJobs, NoSuchDetachedJob
 from .pool import PoolKeeper
@@ -47,7 +47,6 @@ from .pool import PoolKeeper
 __all__ = ["DETACHED_FILE", "LocalBackend", "NoSuchDetachedJob"]  # the detached half: backends.localdetach
 
 KEEP_FINISHED = 20  # finished job directories kept for `%tfdist logs`
-ISOLATION_ENV = ENV_ISOLATION  # "netns" (default) or "none"
 
 
 def _read_logs(logdir: str, task: str | None, tail: int | None) -> dict[str, str]:
@@ -93,18 +92,13 @@ class LocalBackend(DetachedJobs, Backend):
         return sup is not None and sup.alive()
 
     def _isolation_prefix(self) -> list[str]:
-        if self.isolation == "none":
-            return []
-        if self.isolation != "netns":
-            raise JobSpecError(f"{ISOLATION_ENV}={self.isolation!r} is unknown: use 'netns' or 'none'")
         if self._wrapper is None:
-            self._wrapper = wrapper_command() or []
-        if not self._wrapper:
-            raise BackendUnavailable(
-                "cannot give this job its own network namespace (`unshare --net` is not permitted here). "
-                "TensorFlow's servers listen on every interface and run any graph sent to them, so the job "
-                f"was not started. If this machine's network is trusted, set {ISOLATION_ENV}=none."
-            )
+            try:
+                self._wrapper = isolation_prefix(self.isolation, "the job")
+            except ValueError as exc:
+                raise JobSpecError(str(exc)) from None
+            except IsolationUnavailable as exc:
+                raise BackendUnavailable(str(exc)) from None
         return self._wrapper
 
     # ------------------------------------------------------------------ submit

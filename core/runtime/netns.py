@@ -13,6 +13,8 @@ import socket
 import struct
 import subprocess
 
+from tfdist.settings import ENV_ISOLATION
+
 SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
@@ -34,6 +36,27 @@ def wrapper_command() -> list[str] | None:
         if ok:
             return prefix
     return None
+
+
+class IsolationUnavailable(RuntimeError):
+    """No network namespace can be made here, and the admin did not say the network is trusted."""
+
+
+def isolation_prefix(isolation: str, what: str) -> list[str]:
+    """The command prefix that starts `what` (TensorFlow servers of this server's user) in its own network
+    namespace; [] where the admin set TFDIST_ISOLATION=none. ValueError: an unknown setting."""
+    if isolation == "none":
+        return []
+    if isolation != "netns":
+        raise ValueError(f"{ENV_ISOLATION}={isolation!r} is unknown: use 'netns' or 'none'")
+    prefix = wrapper_command()
+    if not prefix:
+        raise IsolationUnavailable(
+            f"cannot give {what} its own network namespace (`unshare --net` is not permitted here). "
+            f"TensorFlow's servers listen on every interface and run any graph sent to them, so {what} "
+            f"was not started. If this machine's network is trusted, set {ENV_ISOLATION}=none."
+        )
+    return prefix
 
 
 def bring_up_loopback() -> None:

@@ -27,7 +27,7 @@ from typing import Any
 from tfdist.runtime.probecosts import FIXED_COSTS_TIMEOUT_S, Collective, measure_ps_costs, within
 from tfdist.runtime.probehelpers import HelperLauncher, helper_env
 from tfdist.runtime.probetrials import Layout, Trials, trial_shape
-from tfdist.settings import KernelSettings
+from tfdist.settings import KernelSettings, TaskSettings
 
 WARMUP_STEPS = 3
 MAX_STEPS = 30
@@ -214,6 +214,10 @@ def main(argv: list[str]) -> int:
     layouts = [Layout.parse(k) for k in argv[3].split(",")] if len(argv) > 3 and argv[3] else []
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if TaskSettings().netns:  # the plan started it in a network namespace of its own (kernel_magics.plan)
+        from tfdist.runtime.netns import bring_up_loopback
+
+        bring_up_loopback()
     from tfdist.taskenv import ensure_threads
 
     ensure_threads()  # before the helpers' fork server imports TensorFlow: their pools are the probe's
