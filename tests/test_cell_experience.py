@@ -194,7 +194,11 @@ def test_a_killed_kernel_leaves_a_job_that_says_so_with_no_task_starting(tmp_pat
         deadline = time.time() + 60
         while not os.path.exists(os.path.join(state, "orphan", "control.sock")) and time.time() < deadline:
             time.sleep(0.1)
+        assert os.path.exists(os.path.join(state, "orphan", "control.sock")), (
+            "the job's supervisor never came"
+        )
         pids = [p.pid for p in job_processes()]
+        assert pids, "no job process to outlive the kernel"
         os.kill(k.pid, signal.SIGKILL)
         assert wait_gone(pids, 15) == []
     finally:

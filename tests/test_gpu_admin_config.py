@@ -215,8 +215,37 @@ def test_local_hub_runs_the_gpu_admin_service_unless_told_not_to(tmp_path: Path,
         else:
             # no such service: the hub answers for the path itself, and no OAuth client of the service exists
             assert "client_id=service-tfdist-gpu-admin" not in r.headers.get("Location", ""), r.headers
+        # what the hub itself lists (its services are configured at its start: no timing in this)
+        services = hub_services(hub)
+        assert ("tfdist-gpu-admin" in services) == (flag is None), services
     finally:
         hub.stop()
+
+
+def hub_services(hub) -> set[str]:
+    """The services the hub knows, as its admin sees them in the REST API."""
+    import re
+
+    import requests
+
+    password = re.search(r"admin panel: user 'admin', password\s+([^\s)]+)", hub.output())
+    assert password, hub.output()[-2000:]
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=30)
+    r = s.post(
+        f"{hub.url}/hub/login",
+        data={
+            "username": "admin",
+            "password": password.group(1),
+            "_xsrf": s.cookies.get("_xsrf", path="/hub/"),
+        },
+        timeout=30,
+        allow_redirects=False,
+    )
+    assert r.status_code == 302, r.text[:300]
+    r = s.get(f"{hub.url}/hub/api/services", timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    return set(r.json())
 
 
 MIG_BASE = """

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -334,14 +335,21 @@ def test_a_users_server_never_receives_a_token_good_for_anyone_else(hub: Running
     admin = admin_session(hub)
     wait_reporting(admin, hub, "mallory/")
     time.sleep(5)  # several more rounds of the service (1 s each here)
+    # the control: a request that carries a token reaches mallory's server through the proxy, and the
+    # recorder keeps its token (so an empty catch below means no caller sent one, not a deaf recorder)
+    marker = f"marker{uuid.uuid4().hex}"
+    requests.get(
+        f"{hub.url}/user/mallory/api/status", headers={"Authorization": f"token {marker}"}, timeout=30
+    )
     seen_file = home / "seen-headers.jsonl"
     assert seen_file.exists(), "the recorder in mallory's own config did not run"
     seen = [json.loads(line) for line in seen_file.read_text().splitlines()]
     tokens = {
         t.split(" ", 1)[-1] for e in seen for t in (e["auth"], e["token_arg"]) if t and t.split(" ", 1)[-1]
     }
+    assert marker in tokens, f"the recorder did not see the control's token: {seen[-3:]}"
     own = server_token(hub, "mallory")
-    for token in tokens - {own}:
+    for token in tokens - {own, marker}:
         h = {"Authorization": f"token {token}"}
         for method, url in (
             ("GET", f"{hub.url}/user/worker/api/status"),  # another user's server

@@ -79,10 +79,23 @@ def test_allreduce_trains_in_real_pods_behind_the_policy_and_faults_end_as_said(
         chief = next(p for p in pods if p["metadata"]["labels"][kn.L_ROLE] == "chief")
         worker = next(p for p in pods if p["metadata"]["labels"][kn.L_ROLE] == "worker")
         ips = (worker["status"]["podIP"], chief["status"]["podIP"], kn.TF_PORT, kn.AGENT_PORT)
+
+        def both_listen():
+            # controls, so that "BLOCKED" below is the policy and not a port nobody listens on yet: the chief
+            # reaches worker-0's TF port (the collective's path), the owner's notebook reaches the agent
+            replica = probe_from(ns, chief["metadata"]["name"], *ips)
+            owner = probe_from(ns, ann.notebook_pod, *ips)
+            listening = replica["TF"] == "CONNECTED" and owner["AGENT"] == "CONNECTED"
+            return (replica, owner) if listening and owner["HEALTHZ"].startswith("200") else None
+
+        _replica, owner = wait_for("worker-0's TF server and the agent listening", both_listen, 180, every=1)
+        assert owner["TF"] == "BLOCKED", owner  # the TF port is for the job's own pods only
         # another user's pod, even labelled as the owner's notebook: neither a replica's TF port nor the
         # agent (which serves the cell to the replicas) lets it in
         theirs = probe_from(bob.namespace, bob.notebook_pod, *ips)
         assert theirs["TF"] == "BLOCKED" and theirs["AGENT"] == "BLOCKED", theirs
+        assert theirs["HEALTHZ"].startswith("FAILED"), theirs
+        assert not k.idle_after(cell), "the job ended before the probes: they proved nothing"
 
         wait_first_epoch(real_cluster, k, cell, since, ns, "ardigits")
         t_epoch = time.monotonic() - t0

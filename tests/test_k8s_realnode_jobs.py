@@ -122,6 +122,10 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
         ips = (worker["status"]["podIP"], chief["status"]["podIP"], kn.TF_PORT, kn.AGENT_PORT)
 
         def owner_reaches_agent():
+            # the control for every "BLOCKED" below: the job's own coordinator reaches worker-0's TF port
+            # (which listens only once TensorFlow is imported there; a refused connect reads BLOCKED too)
+            if probe_from(ns, chief["metadata"]["name"], *ips)["TF"] != "CONNECTED":
+                return None
             got = probe_from(ns, ann.notebook_pod, *ips)
             # both of one probe: its TCP connect may come a moment before the agent listens (or before
             # the node's policy rules for the new pod are in), its health check after (CI on d243b60)
@@ -129,7 +133,7 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
 
         # the owner's notebook pod: the agent answers (it listens before the payload comes); the TF port
         # is for the job's own pods only
-        mine = wait_for("the agent answering the owner's notebook", owner_reaches_agent, 180, every=1)
+        mine = wait_for("worker-0's TF port and the agent listening", owner_reaches_agent, 180, every=1)
         assert mine["TF"] == "BLOCKED", mine
         # another user's pod, even labelled as the owner's notebook: nothing gets through
         theirs = probe_from(bob.namespace, bob.notebook_pod, *ips)

@@ -242,6 +242,7 @@ async def _detached_jobs(jp_fetch, state_dir):
         deadline = time.time() + 180
         while (await get_json(jp_fetch, "jobs", "away"))["state"] != "running" and time.time() < deadline:
             await asyncio.sleep(1)
+        assert (await get_json(jp_fetch, "jobs", "away"))["state"] == "running"  # what "stop" is tried on
         with open(os.path.join(state_dir, "away", "supervisor.pid")) as f:
             sup = psutil.Process(json.load(f)["pid"])
         pids = [sup.pid] + [c.pid for c in sup.children(recursive=True)]

@@ -333,6 +333,15 @@ def status(path):
 print("PROXY " + json.dumps({k: status(path) for k, path in PATHS.items()}))
 """
 
+# from the user's server pod, through proxy-public without a token: the GPU admin service's own answer
+SERVICE_UP = """
+import http.client, json
+c = http.client.HTTPConnection(PROXY, timeout=20)
+c.request("GET", "/services/tfdist-gpu-admin/")
+r = c.getresponse()
+print("SERVICE " + json.dumps({"status": r.status, "location": r.getheader("Location") or ""}))
+"""
+
 
 def attack_job(
     name: str, image: str, owner: dict, queue: str, pod: dict | None = None, **container: Any
@@ -581,6 +590,12 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
             "victim_server": [vip, 8888],
             "victim_listener": [vip, int(vport)],
         }
+        # the control for hub_gpu_admin's "blocked": the service listens (the proxy reaches it, and only
+        # the service itself answers with a redirect naming its own OAuth client)
+        up = kernel_json(
+            kernel.execute(f"PROXY = 'proxy-public.{NS}.svc'\n{SERVICE_UP}", timeout=60), "SERVICE"
+        )
+        assert up["status"] == 302 and "client_id=service-tfdist-gpu-admin" in up["location"], up
         res = kernel.execute(f"TARGETS = {json.dumps(targets)!r}\n{NET}", timeout=60)
         net = kernel_json(res, "NET")
         reached = {k: v == "CONNECTED" for k, v in net.items()}
