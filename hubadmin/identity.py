@@ -52,24 +52,39 @@ def server_of(model: Any) -> ServerId | None:
 class IdentityCache:
     """Tokens seen recently -> their server (or None), so a report costs the hub one request a minute.
 
-    Keyed by the token's SHA-256, never the token; bounded, oldest entries dropped first."""
+    Keyed by the token's SHA-256, never the token; bounded, oldest entries dropped first. Refused tokens
+    are kept apart, in a smaller table: anyone can send made-up tokens, and those must not push the real
+    servers' entries out (each real server would then cost the hub a request per report again)."""
 
     ask_hub: Callable[[str], Awaitable[Any]]  # token -> the hub's /user model, None when it refuses it
     max_age_s: float = 60.0
     max_entries: int = 10_000
+    max_refused: int = 1_000
 
     def __post_init__(self) -> None:
-        self._seen: dict[str, tuple[float, ServerId | None]] = {}
+        self._seen: dict[str, tuple[float, ServerId]] = {}
+        self._refused: dict[str, float] = {}
 
     async def server_for(self, token: str) -> ServerId | None:
         key = hashlib.sha256(token.encode()).hexdigest()
-        hit = self._seen.get(key)
         now = time.monotonic()
+        hit = self._seen.get(key)
         if hit and now - hit[0] < self.max_age_s:
             return hit[1]
+        refused = self._refused.get(key)
+        if refused is not None and now - refused < self.max_age_s:
+            return None
         sid = server_of(await self.ask_hub(token))  # the hub unreachable: raises, nothing cached
         self._seen.pop(key, None)
-        self._seen[key] = (now, sid)
-        while len(self._seen) > self.max_entries:
-            del self._seen[next(iter(self._seen))]
+        self._refused.pop(key, None)
+        if sid is None:
+            _put(self._refused, key, now, self.max_refused)
+        else:
+            _put(self._seen, key, (now, sid), self.max_entries)
         return sid
+
+
+def _put(table: dict[str, Any], key: str, value: Any, bound: int) -> None:
+    table[key] = value
+    while len(table) > bound:
+        del table[next(iter(table))]

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import tornado.web
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado.ioloop import PeriodicCallback
@@ -162,6 +163,8 @@ def _number(raw: str | None, name: str, default: float | None, low: float, high:
 
 
 class _Base(APIHandler):
+    auth_resource = "tfdist"  # as labserver.handlers: reading activity is read, the hub's notice is write
+
     @property
     def activity(self) -> GpuActivity:
         return self.settings["tfdist_activity"]
@@ -201,6 +204,7 @@ async def current_report(
 
 class ActivityHandler(_Base):
     @tornado.web.authenticated
+    @authorized
     async def get(self) -> None:
         busy = _number(self.get_argument("busy_percent", None), "busy_percent", None, 0, 100)
         history = _number(self.get_argument("history", None), "history", 0.0, 0, RETENTION_S) or 0.0
@@ -212,10 +216,12 @@ class ActivityHandler(_Base):
 
 class NoticeHandler(_Base):
     @tornado.web.authenticated
+    @authorized
     def get(self) -> None:
         self.write_json({"notice": self.notice.value})
 
     @tornado.web.authenticated
+    @authorized
     def post(self) -> None:
         try:
             body = json.loads(self.request.body or b"{}")
@@ -232,6 +238,7 @@ class NoticeHandler(_Base):
         self.write_json({"notice": self.notice.value})
 
     @tornado.web.authenticated
+    @authorized
     def delete(self) -> None:
         self.notice.value = None
         self.write_json({"notice": None})

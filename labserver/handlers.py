@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import tornado.web
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
@@ -26,6 +27,7 @@ from .logfilter import readable
 from .sampler import ServerSampler
 
 NAMESPACE = "tfdist"
+AUTH_RESOURCE = "tfdist"  # what a jupyter_server Authorizer is asked about for every route of this extension
 LOG_TAIL = 200  # lines per task in a job's view
 METRICS_TAIL = 120  # utilization samples in a job's view
 
@@ -90,6 +92,11 @@ def valid_name(name: str) -> bool:
 
 
 class BaseHandler(APIHandler):
+    # jupyter_server's Authorizer decides each request (GET: read; POST: write) on this resource, as it does
+    # on its own contents and kernels: where an admin grants some identities less (a read-only guest of a
+    # shared server), they may look at the jobs but not stop them
+    auth_resource = AUTH_RESOURCE
+
     @property
     def tfdist(self) -> LabState:
         return self.settings["tfdist"]
@@ -112,6 +119,7 @@ class BaseHandler(APIHandler):
 
 class JobsHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self) -> None:
         jobs = await self.tfdist.list_jobs()
         mine = [j for j in jobs if self.tfdist.owns(j.user)]
@@ -120,6 +128,7 @@ class JobsHandler(BaseHandler):
 
 class JobHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def get(self, name: str) -> None:
         view = await self.own_view(name)
         d = view.to_dict()
@@ -148,6 +157,7 @@ class JobHandler(BaseHandler):
 
 class StopHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     async def post(self, name: str) -> None:
         view = await self.own_view(name)
         stopped = await self.tfdist.backend.stop(name)
@@ -162,6 +172,7 @@ class StopHandler(BaseHandler):
 
 class GpusHandler(BaseHandler):
     @tornado.web.authenticated
+    @authorized
     def get(self) -> None:
         self.write_json(wire(GpuStatus, self.tfdist.sampler.snapshot()))
 

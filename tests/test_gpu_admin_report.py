@@ -6,6 +6,7 @@ pure checks the service relies on, with every malformed shape we could think of.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -105,3 +106,29 @@ def test_the_service_cannot_reach_servers() -> None:
     """Its token never leaves the hub; even so it holds no scope that would open a user's server."""
     assert not any(s.startswith("access:servers") for s in SERVICE_SCOPES)
     assert "admin:users" not in SERVICE_SCOPES and "tokens" not in SERVICE_SCOPES
+
+
+def test_made_up_tokens_do_not_push_a_servers_identity_out_of_the_cache() -> None:
+    """Anyone can post reports with made-up tokens: refused ones are kept apart, so a real server's cached
+    identity stays and its next report costs the hub nothing (before: 10,000 made-up tokens evicted it)."""
+    from tfdist.hubadmin.identity import IdentityCache
+
+    asked: list[str] = []
+
+    async def ask_hub(token: str) -> dict | None:
+        asked.append(token)
+        return model("alice", "access:servers!server=alice/") if token == "alices-server" else None
+
+    async def scenario() -> None:
+        cache = IdentityCache(ask_hub)
+        assert await cache.server_for("alices-server") == ServerId("alice", "")
+        for i in range(cache.max_entries + 10):
+            assert await cache.server_for(f"made-up-{i}") is None
+        asked.clear()
+        assert await cache.server_for("alices-server") == ServerId("alice", "")
+        assert asked == [], "the real server's identity was pushed out by made-up tokens"
+        # a recent refusal is still answered from the cache; the refusals' own table stays bounded
+        assert await cache.server_for(f"made-up-{cache.max_entries + 9}") is None and asked == []
+        assert len(cache._refused) <= cache.max_refused
+
+    asyncio.run(scenario())
