@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -32,15 +33,21 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def kueue_plane(config: pytest.Config, module: str) -> kube_plane.ControlPlane:
-    """The process's plane with Kueue, bare (see above). Skips where the binaries are missing (an error
-    in CI)."""
+def kueue_bin_dir() -> Path:
+    """Where the plane's and Kueue's binaries are; skips where any is missing (an error in CI)."""
     bin_dir = kube_plane.find_bin_dir()
     why = ", ".join(kube_plane.missing_binaries(bin_dir)) or kueue_missing()
     if why:
         if _in_ci():
             pytest.fail(f"{why} [CI is set, so this is an error]", pytrace=False)
         pytest.skip(why)
+    return bin_dir
+
+
+def kueue_plane(config: pytest.Config, module: str) -> kube_plane.ControlPlane:
+    """The process's plane with Kueue, bare (see above). Skips where the binaries are missing (an error
+    in CI)."""
+    bin_dir = kueue_bin_dir()
     t0 = time.monotonic()
     plane = _shared.get("plane")
     if plane is None:

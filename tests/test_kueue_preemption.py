@@ -14,8 +14,7 @@ import time
 import pytest
 
 from tests import kube_plane
-from tests.kueue_fixtures import _in_ci
-from tests.kueue_proc import kueue_missing
+from tests.kueue_fixtures import kueue_bin_dir
 from tests.test_checkpoint_handover import write_checkpoint
 from tests.test_kueue_plane import api_client, bound, spec, until
 from tfdist.backends.base import Launch
@@ -202,12 +201,7 @@ def kp():
     removes after the root (the backend now waits for them to go: 549005c). Shared again on 2026-12-04,
     test_kueue_plane.py's gating test failed once when it came after this module and the visibility one
     (not yet understood; it passed in the other order), so this module keeps its own."""
-    bin_dir = kube_plane.find_bin_dir()
-    why = ", ".join(kube_plane.missing_binaries(bin_dir)) or kueue_missing()
-    if why:
-        if _in_ci():
-            pytest.fail(f"{why} [CI is set, so this is an error]", pytrace=False)
-        pytest.skip(why)
+    bin_dir = kueue_bin_dir()
     t0 = time.monotonic()
     plane = kube_plane.ControlPlane(bin_dir, kueue=True)
     try:
