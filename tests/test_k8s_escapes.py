@@ -195,6 +195,43 @@ def test_the_gpu_cap_counts_the_whole_pod(k8s_plane, ann):
     refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "at most 8 nvidia.com/gpu per pod")
 
 
+# ------------------------------------------- Kueue's own keys: a GPU pod passing for a CPU pod in its group
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        # Kueue keeps a role hash it finds on a pod and builds each pod set from the first pod of a hash: a
+        # GPU pod with the hash of the group's CPU pod would be admitted as that CPU pod (its GPUs never
+        # counted by the queue)
+        ("template-annotations", "kueue.x-k8s.io/role-hash"),
+        ("template-annotations", "kueue.x-k8s.io/pod-group-fast-admission"),
+        ("template-labels", "kueue.x-k8s.io/prebuilt-workload-name"),
+        ("job-annotations", "kueue.x-k8s.io/pod-group-serving"),
+        ("job-labels", "kueue.x-k8s.io/managed"),
+    ],
+    ids=["role-hash", "fast-admission", "prebuilt-workload", "job-annotation", "job-label"],
+)
+def test_kueues_own_keys_cannot_come_from_the_user(k8s_plane, ann, where, key):
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"kq-{uuid.uuid4().hex[:6]}")
+    tpl = job["spec"]["template"]
+    # the pod group keys the backend sets (tfdist.kube.queueing.with_pod_group) are the control: admitted
+    group = {"kueue.x-k8s.io/pod-group-name": job["metadata"]["name"]}
+    counts = {"kueue.x-k8s.io/pod-group-total-count": "2", "kueue.x-k8s.io/retriable-in-group": "false"}
+    tpl["metadata"]["labels"].update(group)
+    tpl["metadata"]["annotations"] = dict(counts)
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    meta = {
+        "template-annotations": tpl["metadata"]["annotations"],
+        "template-labels": tpl["metadata"]["labels"],
+        "job-annotations": job["metadata"].setdefault("annotations", {}),
+        "job-labels": job["metadata"]["labels"],
+    }[where]
+    meta[key] = "deadbeef" if key.endswith("role-hash") else "true"
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), f"{key} is not allowed")
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
+
+
 # ---------------------------------------------------- HIGH 2: Services that capture addresses, and more
 def _owned_by_job(plane, token: str, ns: str) -> dict[str, Any]:
     name = f"own-{uuid.uuid4().hex[:6]}"
