@@ -176,6 +176,8 @@ def test_the_magic_refuses_bad_allreduce_lines_in_one_sentence_and_creates_nothi
         # accepted: the job's root and worker Job exist while the cell hands the job its cell. kwok runs no
         # container, so no agent ever takes it: a detached job is then stopped, not left (said at --timeout
         # + the agent's grace), where it was once reported "started detached" and left waiting for good.
+        # (the agent's grace past --timeout, 30 s, made 8 s in this kernel: the same path, sooner)
+        assert k.execute("import tfdist.kube.transport as _t; _t.AGENT_GRACE_S = 8.0").error is None
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             cell = pool.submit(
                 k.execute,
