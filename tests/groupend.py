@@ -17,6 +17,7 @@ import pytest
 GROUP = pytest.StashKey[str]()  # each test's group, set by tests/conftest.py
 _closers: dict[str, list[Callable[[], None]]] = {}
 _current: list[pytest.Item] = []  # the test being set up (fixtures of any scope are made then)
+_while: list[tuple[Callable[[pytest.Item], bool], Callable[[], None]]] = []
 
 
 def at_group_end(close: Callable[[], None]) -> None:
@@ -25,6 +26,12 @@ def at_group_end(close: Callable[[], None]) -> None:
     group = _current[0].stash.get(GROUP, None) if _current else None
     if group is not None:
         _closers.setdefault(group, []).append(close)
+
+
+def while_next(keep: Callable[[pytest.Item], bool], close: Callable[[], None]) -> None:
+    """Run `close` after the first test whose next test is not one `keep` says still needs it (or after
+    the last test): for what serves a few adjacent modules, kept across them and stopped after them."""
+    _while.append((keep, close))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -38,6 +45,11 @@ def pytest_runtest_setup(item: pytest.Item):
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # after the test's own teardown (trylast): its module's fixtures are gone by now
+    for entry in list(_while):
+        if nextitem is None or not entry[0](nextitem):
+            _while.remove(entry)
+            entry[1]()
     group = item.stash.get(GROUP, None)
     if group is None or (nextitem is not None and nextitem.stash.get(GROUP, None) == group):
         return

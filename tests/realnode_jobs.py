@@ -155,6 +155,38 @@ def wait_gone(cluster: Any, ns: str, job: str, timeout: float) -> float:
         time.sleep(0.5)
 
 
+class GoneWatch:
+    """`wait_gone` in the background, so the test goes on meanwhile (its next job's start overlaps the
+    clean-up's TTL); `check()` asserts the same bound, measured from when the watch began."""
+
+    def __init__(self, cluster: Any, ns: str, job: str, timeout: float) -> None:
+        self.job, self.timeout = job, timeout
+        self.took: float | None = None
+        self.rest: list[str] | str = "never read"
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._watch, args=(cluster, ns), daemon=True)
+        self._thread.start()
+
+    def _watch(self, cluster: Any, ns: str) -> None:
+        while time.monotonic() - self._t0 <= self.timeout:
+            try:
+                self.rest = left(cluster, ns, self.job)
+            except Exception as exc:  # the API server busy: read again, as wait_gone would
+                self.rest = f"not read: {exc!r}"
+            else:
+                if not self.rest:
+                    self.took = time.monotonic() - self._t0
+                    return
+            time.sleep(0.5)
+
+    def check(self) -> float:
+        """Seconds from the watch's start until nothing of the job was left; AssertionError otherwise."""
+        self._thread.join(max(0.0, self._t0 + self.timeout - time.monotonic()) + 10)
+        if self.took is None:
+            raise AssertionError(f"{self.job}: left after {self.timeout:.0f}s: {self.rest}")
+        return self.took
+
+
 def job_pods(cluster: Any, ns: str, job: str, role: str | None = None) -> list[dict]:
     from tfdist.kube import names as kn
 

@@ -20,6 +20,7 @@ import pytest
 from tests import realnode
 from tests.kernels import PACE_IMPORT, paced
 from tests.realnode_jobs import (
+    GoneWatch,
     digits_kernel,
     epochs_shown,
     job_pods,
@@ -196,9 +197,9 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
         assert "weights changed: True" in r.text, r.text
         acc = float(r.text.split("->")[1].split(";")[0])
         assert acc > 0.85, r.text
-        # the finished job cleans up after itself (TTL, then the garbage collector)
-        took = wait_gone(real_cluster, ns, "digits", 90)
-        print(f"\nfinished -> nothing of the job left: {took:.1f}s")
+        # the finished job cleans up after itself (TTL, then the garbage collector), watched while the
+        # next job runs (checked before the notebook pod's deletion below could take it away instead)
+        digits_gone = GoneWatch(real_cluster, ns, "digits", 90)
 
         # 2. the cell interrupted: every pod of the job gone within 15 s
         cell = k.submit(run_line("stopme").replace("epochs=8", "epochs=200"))
@@ -213,6 +214,7 @@ def test_digits_trains_in_real_pods_behind_an_enforced_policy_survives_faults_an
             r.error_text
         )
         wait_gone(real_cluster, ns, "stopme", 30)
+        print(f"\nfinished -> nothing of the job left: {digits_gone.check():.1f}s")
 
         # 3. the notebook pod deleted: its jobs go with it (owner references, garbage collector)
         cell = k.submit(run_line("owned").replace("epochs=8", "epochs=200"))

@@ -2,13 +2,14 @@
 users in real containers, admitted by Kueue as one unit (docs/queueing.md; the kwok plane's GPU version is
 tests/test_kueue_plane.py).
 
-Kueue's manager runs as a host process against the node's API server for this module only
-(tests.realnode.start_kueue; its webhook configurations are removed after it, so the other real-node tests
-pay nothing; `scripts/cluster up --kueue` starts the same for people). One ClusterQueue of 1.5 CPU, made by
-tfdist.kube.queueing_apply from a profiles section; two users whose namespaces the spawner's own code
-prepares, each with the queue's LocalQueue. A job is coordinator + 1 worker + 1 PS at 0.45 CPU each
-(1.35 CPU): one fits the queue, two do not (2.7 CPU; the 2-core node alone would have let a part of the
-second start, the partial start issue 25 found). Each host kernel acts as its user's notebook.
+Kueue's manager runs as a host process against the node's API server for this module and
+test_kueue_realnode_preempt.py only (`shared_kueue`: one start for both; its webhook configurations are
+removed after them, so the other real-node tests pay nothing; `scripts/cluster up --kueue` starts the same
+for people). One ClusterQueue of 1.5 CPU, made by tfdist.kube.queueing_apply from a profiles section; two
+users whose namespaces the spawner's own code prepares, each with the queue's LocalQueue. A job is
+coordinator + 1 worker + 1 PS at 0.45 CPU each (1.35 CPU): one fits the queue, two do not (2.7 CPU; the
+2-core node alone would have let a part of the second start, the partial start issue 25 found). Each host
+kernel acts as its user's notebook.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests import realnode
+from tests import groupend, realnode
 from tests.kernels import PACE_IMPORT, paced
 from tests.realnode_jobs import (
     Tenant,
@@ -91,6 +92,24 @@ async def admin_api(state: dict):
     return client.ApiClient(cfg)
 
 
+KUEUE_MODULES = ("test_kueue_realnode", "test_kueue_realnode_preempt")
+_kueue: list = []  # the Kueue this process started for the modules above, while their tests run
+
+
+def shared_kueue(state: dict):
+    """One Kueue manager for the Kueue modules (adjacent in the real-node group): started by the first,
+    stopped with its webhooks after the last test of theirs, its module's queue objects already gone."""
+    if not _kueue:
+        own, TIMES["kueue_start_s"] = realnode.start_kueue(state)
+        _kueue.append(own)
+
+        def stop() -> None:
+            realnode.stop_kueue(state, _kueue.pop())
+
+        groupend.while_next(lambda item: item.path.stem in KUEUE_MODULES, stop)
+    return _kueue[0]
+
+
 @contextlib.contextmanager
 def queues_converged(real_cluster, profiles: dict):
     """Kueue on the real node (reused where `scripts/cluster up --kueue` runs one) with the queues of
@@ -101,9 +120,8 @@ def queues_converged(real_cluster, profiles: dict):
 
     state = real_cluster.state
     cfg = parse_profiles(profiles)
-    own = None
     if not realnode.kueue_running(state):
-        own, TIMES["kueue_start_s"] = realnode.start_kueue(state)
+        shared_kueue(state)
 
     async def converge() -> None:
         async with await admin_api(state) as api:
@@ -129,8 +147,6 @@ def queues_converged(real_cluster, profiles: dict):
                 lambda: all(real_cluster.get(p) is None for p in queue_objects),
                 60,
             )
-        if own is not None:
-            realnode.stop_kueue(state, own)
 
 
 @pytest.fixture(scope="module")
@@ -313,9 +329,10 @@ def test_two_users_jobs_submitted_together_run_whole_one_after_the_other(real_cl
     try:
         t0 = time.monotonic()
         marks = {id(u): u.kernel.mark() for u in users}
-        # both long enough (8 paced epochs) that the worker deletion below happens mid-fit, whichever
-        # job Kueue admits first
-        cells = {id(u): u.kernel.submit(cell(jobs[id(u)]).replace("epochs=2", "epochs=8")) for u in users}
+        # both long enough (5 paced epochs, >= 25 s) that the worker deletion below happens mid-fit,
+        # whichever job Kueue admits first (the fit waits while its one worker is gone: it cannot run out
+        # before the replacement joins)
+        cells = {id(u): u.kernel.submit(cell(jobs[id(u)]).replace("epochs=2", "epochs=5")) for u in users}
 
         def admitted_first() -> User | None:
             for u in users:
@@ -379,7 +396,7 @@ def test_two_users_jobs_submitted_together_run_whole_one_after_the_other(real_cl
         rf = first.kernel.wait(f_cell, timeout=600)
         assert rf.error is None, f"{rf.error_text}\n{job_state(real_cluster, f_ns, f_job)}"
         epochs = first.kernel.run("print(len(history.history['loss']))")
-        assert epochs.text.strip() == "8", epochs.text
+        assert epochs.text.strip() == "5", epochs.text
         wait_for("the first job's pods ended", lambda: not live(mf_pods(real_cluster, f_ns, f_job)), 120)
         t_f_end = time.monotonic()
         wait_for(
@@ -391,7 +408,7 @@ def test_two_users_jobs_submitted_together_run_whole_one_after_the_other(real_cl
         rs = second.kernel.wait(s_cell, timeout=600)
         assert rs.error is None, f"{rs.error_text}\n{job_state(real_cluster, s_ns, s_job)}"
         epochs = second.kernel.run("print(len(history.history['loss']))")
-        assert epochs.text.strip() == "8", epochs.text
+        assert epochs.text.strip() == "5", epochs.text
         TIMES["both_jobs_s"] = time.monotonic() - t0
     finally:
         samples = sampler.stop()
