@@ -5,9 +5,11 @@ model: one 12.8 MB table), each planned with `%%tfdist plan` over the very cell 
 every layout the plan offers (one worker; 2 workers with 1 and 2 PS; all-reduce with 2 workers), all in
 the same kernel and run. The cell runs as written under every layout: PS workers each take its batch,
 all-reduce splits it over the replicas (the dataset's batch is the global one), as the plan assumes.
-Measured: examples/s over the epochs after the first (start-up and tracing excluded). Per model the file
-says predicted/measured per layout and whether the recommended layout's measured examples/s is within
-10 % of the best measured one.
+Measured: examples/s over the epochs after the first (start-up and tracing excluded), each layout twice in
+mirrored order (A B C D, then D C B A: a layout's place after the plan, or after a heavier layout, weighs
+the same on every one), the two passes' epochs pooled. Per model the file says predicted/measured per
+layout, each pass's figure, and whether the recommended layout's measured examples/s is within 10 % of the
+best measured one.
 
 Run on a quiet machine:  nice python benchmarks/bench_advisor.py  -> benchmarks/results/advisor.json
 A quick check that it works (not figures to publish):  python benchmarks/bench_advisor.py --small --out X
@@ -96,13 +98,13 @@ def plan_rows(text: str) -> tuple[dict[str, float], str]:
     return rows, best
 
 
-def measure(kernel, cell: str, tag: str, flags: str, batch: int, steps: int) -> float:
+def measure(kernel, cell: str, tag: str, flags: str) -> tuple[float, int]:
+    """Seconds of the epochs after the first, and how many there were."""
     r = kernel.execute(f"%%tfdist run {flags} --name bench-{tag}\n{cell}", timeout=900)
     assert r.error is None, r.error_text
     r = kernel.execute("print(json.dumps(epoch_ends))", timeout=30)
     ends = json.loads(r.text.strip())
-    per_epoch = (ends[-1] - ends[0]) / (len(ends) - 1)
-    return steps * batch / per_epoch  # every layout's epoch is steps x the cell's batch examples
+    return ends[-1] - ends[0], len(ends) - 1
 
 
 def main() -> int:
@@ -129,17 +131,24 @@ def main() -> int:
             print(text, flush=True)
             predicted, best = plan_rows(text)
             rows: dict = {"plan": text, "recommended": best, "layouts": {}}
-            for label, flags in LAYOUTS.items():
-                t0 = time.time()
-                tag = f"{model}-{KEYS[label]}"
-                got = measure(k, cell, tag, flags, 64, steps)
+            passes: dict[str, list[tuple[float, int, float]]] = {label: [] for label in LAYOUTS}
+            order = list(LAYOUTS)
+            for n, labels in enumerate((order, order[::-1])):
+                for label in labels:
+                    t0 = time.time()
+                    secs, epochs_timed = measure(k, cell, f"{model}-{KEYS[label]}-{n}", LAYOUTS[label])
+                    passes[label].append((secs, epochs_timed, time.time() - t0))
+                    print(model, label, n, round(steps * 64 * epochs_timed / secs, 1), flush=True)
+            for label in LAYOUTS:
+                # every layout's epoch is steps x the cell's batch examples
+                got = steps * 64 * sum(e for _, e, _ in passes[label]) / sum(s for s, _, _ in passes[label])
                 rows["layouts"][label] = {
                     "predicted_examples_s": predicted[label],
                     "measured_examples_s": round(got, 1),
                     "predicted_over_measured": round(predicted[label] / got, 3),
-                    "wall_s": round(time.time() - t0, 1),
+                    "passes_examples_s": [round(steps * 64 * e / s, 1) for s, e, _ in passes[label]],
+                    "wall_s": [round(w, 1) for _, _, w in passes[label]],
                 }
-                print(model, label, rows["layouts"][label], flush=True)
             measured = {label: row["measured_examples_s"] for label, row in rows["layouts"].items()}
             rows["recommended_within_10pct_of_best"] = measured[best] >= 0.9 * max(measured.values())
             results[model] = rows

@@ -238,8 +238,9 @@ def trials_text(got: ProbeResult) -> str:
     out = "tried here: "
     if got.trials:
         shape = f"{len(first.get('epochs_s') or ())} epochs of {first.get('steps')} steps"
-        out += f"each layout's fit for {shape} (" + ", ".join(
-            f"{k} {t['pace_s'] * 1000:.1f} ms/step" for k, t in got.trials.items()
+        out += (
+            f"each layout's fit timed over {shape}, in two rounds of the layouts in mirrored order ("
+            + ", ".join(f"{k} {t['pace_s'] * 1000:.1f} ms/step" for k, t in got.trials.items())
         )
         out += "); the table's numbers for those layouts are their pace here"
     if got.trial_errors:

@@ -64,7 +64,7 @@ def test_plan_cell_measures_and_recommends(tf_kernel):
     assert "assumed: " in text
     # on this CPU-only server every layout was tried: its row is its own pace here
     tried = next(ln for ln in text.splitlines() if ln.startswith("tried here: "))
-    assert "each layout's fit for " in tried, tried
+    assert "each layout's fit timed over " in tried and "two rounds" in tried, tried
     for key in ("1x1", "2x1", "2x2", "ar2"):
         assert f"{key} " in tried and "ms/step" in tried, tried
     assert row(text, "2 workers, 1 PS")[:3] == ["64", "x", "2"]

@@ -8,7 +8,7 @@ import os
 import psutil
 import pytest
 
-from tfdist.runtime.probetrials import Layout, Trials, pace_of, trial_shape
+from tfdist.runtime.probetrials import Layout, Trial, Trials, pace_of, trial_shape
 
 
 @pytest.mark.parametrize(
@@ -34,6 +34,83 @@ def test_pace_is_the_median_epoch_over_its_steps():
     t = pace_of([0.30, 0.31, 0.90, 0.29], 40)
     assert t.pace_s == pytest.approx(0.305 / 40)
     assert pace_of([0.3, 0.6, 0.33], 30).pace_s == pytest.approx(0.011)
+
+
+def test_trials_run_in_two_mirrored_rounds_and_their_epochs_pool():
+    """Each layout twice, the second round in reverse order (no layout always first after the probe's own
+    timing, or always after the heaviest); the pace is the median of both rounds' epochs; a layout whose
+    round failed is not tried again (its processes ended), and every layout's end after its last round."""
+    from tfdist.runtime.probe import ProbeResult, run_trials
+
+    calls: list[tuple[str, int, bool]] = []
+
+    class Recorded:
+        layouts = [Layout(1, 1), Layout(2, 1), Layout(2, 2), Layout(2, 0)]
+
+        def run(self, layout, steps, epochs, round_no=0, last=True):
+            calls.append((layout.key, round_no, last))
+            if layout.key == "2x2" or (layout.key == "ar2" and round_no == 1):
+                raise RuntimeError("its servers ended")
+            base = {"1x1": 0.40, "2x1": 0.30, "ar2": 0.50}[layout.key]
+            return Trial(pace_s=0.0, steps=steps, epochs_s=(base + 0.1 * round_no,) * epochs)
+
+    result = ProbeResult(
+        step_s=0.001,
+        steps_timed=10,
+        cores_used=1.0,
+        batch=64,
+        var_bytes=[4, 4, 4],
+        var_names=["a", "b", "c"],
+        grad_bytes=12,
+        params=3,
+    )
+    run_trials(Recorded(), result)
+    assert calls == [
+        ("1x1", 0, False),
+        ("2x1", 0, False),
+        ("2x2", 0, False),
+        ("ar2", 0, False),
+        ("ar2", 1, True),
+        ("2x1", 1, True),
+        ("1x1", 1, True),
+    ]
+    # a layout with no round has no trial (the plan says why); one whose second round failed keeps its first
+    assert set(result.trials) == {"1x1", "2x1", "ar2"} and set(result.trial_errors) == {"2x2"}
+    assert result.trials["ar2"]["epochs_s"] == (0.5, 0.5)
+    steps = result.trials["1x1"]["steps"]
+    # a 1 ms step: epochs of 40 steps (the cap), 4 timed in all, so 2 in each round
+    assert result.trials["1x1"]["epochs_s"] == (0.4, 0.4, 0.5, 0.5)
+    assert result.trials["1x1"]["pace_s"] == pytest.approx(0.45 / steps)  # between the rounds' 0.40 and 0.50
+
+
+def test_an_allreduce_rank_done_before_rank_0_has_written_is_not_a_failure(tmp_path):
+    """All-reduce's other ranks end (exit 0) after their last round, possibly before rank 0 writes its
+    result: the probe waits for rank 0 (it once called such a trial failed and dropped the layout)."""
+    import subprocess
+    import sys
+
+    out = str(tmp_path / "trial-ar2.json")
+    rank0 = (
+        "import json, os, sys, time; sys.stdin.readline(); time.sleep(1.0)\n"
+        "trial = {'pace_s': 0.01, 'steps': 5, 'epochs_s': [0.05, 0.05]}\n"
+        f"json.dump(trial, open({out!r} + '.1.tmp', 'w'))\n"
+        f"os.replace({out!r} + '.1.tmp', {out!r} + '.1')\n"
+    )
+    rank1 = "import sys; sys.stdin.readline()"  # its last round done: it ends at once
+    trials = Trials.__new__(Trials)
+    trials.failed, trials.out = {}, {"ar2": out}
+    trials.procs = {
+        "ar2": [
+            subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, text=True)
+            for code in (rank0, rank1)
+        ]
+    }
+    try:
+        got = trials.run(Layout(2, 0), 5, 2, round_no=1, last=True)
+    finally:
+        trials.close()
+    assert got.epochs_s == (0.05, 0.05)
+    assert all(p.poll() is not None for p in trials.procs["ar2"])
 
 
 @pytest.mark.slow

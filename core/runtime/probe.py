@@ -26,7 +26,7 @@ from typing import Any
 
 from tfdist.runtime.probecosts import FIXED_COSTS_TIMEOUT_S, Collective, measure_ps_costs, within
 from tfdist.runtime.probehelpers import HelperLauncher, helper_env
-from tfdist.runtime.probetrials import Layout, Trials, trial_shape
+from tfdist.runtime.probetrials import MIN_EPOCHS, ROUNDS, Layout, Trials, pace_of, trial_shape
 from tfdist.settings import KernelSettings, TaskSettings
 
 WARMUP_STEPS = 3
@@ -316,16 +316,30 @@ def _probe(bundle_path: str, out_path: str, split: int, helpers: _Helpers) -> in
 
 
 def run_trials(trials: Trials, result: ProbeResult) -> None:
-    """Each layout's trial, one at a time, its epochs sized by the model's step and the fit's epoch; a PS
-    layout with more PS than the model has variables is not one the plan offers, so it is not tried."""
+    """Each layout's trial in `ROUNDS` rounds, the layouts in mirrored order (each layout's trials at
+    several moments and places in line), one layout at a time, its epochs sized by the model's step and the
+    fit's epoch; the pace is the median of every timed epoch. A PS layout with more PS than the model has
+    variables is not one the plan offers, so it is not tried."""
     steps, epochs = trial_shape(result.step_s, result.steps_per_epoch)
-    for layout in trials.layouts:
-        if layout.ps > len(result.var_bytes):
-            continue
-        try:
-            result.trials[layout.key] = asdict(trials.run(layout, steps, epochs))
-        except RuntimeError as exc:
-            result.trial_errors[layout.key] = str(exc)
+    per_round = max(MIN_EPOCHS, -(-epochs // ROUNDS))
+    layouts = [lay for lay in trials.layouts if lay.ps <= len(result.var_bytes)]
+    timed: dict[str, list[float]] = {lay.key: [] for lay in layouts}
+    over: set[str] = set()  # layouts whose processes ended (a round failed)
+    for n in range(ROUNDS):
+        for layout in layouts if n % 2 == 0 else layouts[::-1]:
+            if layout.key in over:
+                continue
+            try:
+                trial = trials.run(layout, steps, per_round, n, last=n == ROUNDS - 1)
+            except RuntimeError as exc:
+                over.add(layout.key)
+                if not timed[layout.key]:  # a later round's failure keeps the epochs measured before it
+                    result.trial_errors[layout.key] = str(exc)
+                continue
+            timed[layout.key] += trial.epochs_s
+    for key, epochs_s in timed.items():
+        if epochs_s:
+            result.trials[key] = asdict(pace_of(epochs_s, steps))
 
 
 if __name__ == "__main__":

@@ -13,13 +13,18 @@ the cell executed under the strategy's scope as the job's coordinator executes i
   put 2 workers at 0.90-1.10x one where the job measured 1.08-1.40x (advisor-rerun-2026-12-03.json).
 * All-reduce: MultiWorkerMirroredStrategy over its N worker processes.
 
-One fit of 1 + R epochs of K steps (K the fit's own steps per epoch where that is affordable): the first
-traces, the median of the others over K is the pace per step, an epoch's end (the coordinator's join, the
-logs' fetch) included as the cell's own epochs pay it. Measured here on 2 cores, the difference of two
-epoch lengths (to split the pace from the epoch's end) was noise; one epoch length is not.
+Each layout fits in two rounds, the layouts in mirrored order (A B C D, then D C B A): each round a fit of
+1 + R epochs of K steps (K the fit's own steps per epoch where that is affordable) whose first epoch is
+not timed (it traces, or follows a pause); the median of the timed epochs of both rounds over K is the
+pace per step, an epoch's end (the coordinator's join, the logs' fetch) included as the cell's own epochs
+pay it. One round in one order put each layout's trial at one moment and one place in line: on 2 shared
+cores the same layout's pace moved 10-20 % between minutes, and the layouts the plan must rank are often
+that close. Measured here on 2 cores, the difference of two epoch lengths (to split the pace from the
+epoch's end) was noise; one epoch length is not.
 
-The processes start with the probe (their imports overlap its own), wait for a word on stdin, run one
-trial, write its JSON and end; they die with the probe (PR_SET_PDEATHSIG) and on stdin's end.
+The processes start with the probe (their imports overlap its own) and wait for a word on stdin: each word
+a round, its JSON written as `OUT_JSON.N`; they end on stdin's end and die with the probe
+(PR_SET_PDEATHSIG).
 
 Usage: python -m tfdist.runtime.probetrials LAYOUT RANK PORTS BUNDLE OUT_JSON
 (LAYOUT: WxP for W workers and P PS, arN for all-reduce over N workers, `serveW` for the servers of the
@@ -43,7 +48,8 @@ TRIAL_TIMEOUT_S = 90.0
 READY_TIMEOUT_S = 90.0
 STEP_BUDGET_S = 0.4  # K steps take about this long; a trial times about four times that
 MIN_STEPS, MAX_STEPS = 3, 40
-MIN_EPOCHS, MAX_EPOCHS = 2, 8  # timed epochs (R)
+MIN_EPOCHS, MAX_EPOCHS = 2, 8  # timed epochs (R), all rounds together
+ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -161,8 +167,9 @@ def serve(rank: int, workers: int, ports: list[int], out_path: str) -> None:
 
 
 def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str, out_path: str) -> None:
-    """One process of a layout's trial: ready (a file), then on the probe's word ("K R" on stdin) the cell's
-    fit timed under the layout's strategy; rank 0 writes the Trial (or {"error": ...})."""
+    """One process of a layout's trial: ready (a file), then for each of the probe's words ("K R" on stdin)
+    the cell's fit timed under the layout's strategy; rank 0 writes each round's Trial (or {"error": ...})
+    as `out_path.N`. The cell is built once: later rounds fit the same model again."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     if layout.ps == 0:  # MWMS reads its cluster at creation, before any other op
         os.environ["TF_CONFIG"] = json.dumps(
@@ -179,23 +186,29 @@ def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str,
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if layout.ps == 0 else None
     open(f"{out_path}.ready{rank}", "w").close()
-    word = sys.stdin.readline().split()
-    if len(word) != 2 or not all(w.isdigit() for w in word):
-        return  # the probe is gone or needs no trial of this layout
-    try:
-        if strategy is None:
-            strategy = _ps_strategy(layout, ports)
-        caught = _run_cell(strategy, bundle_path)
-        dataset, _, _ = fit_dataset(caught)
-        trial = _timed_fit(type(caught.model).fit, caught, dataset, int(word[0]), int(word[1]))
-        result: dict[str, Any] = asdict(trial)
-    except Exception as exc:
-        result = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    if rank == 0:
-        tmp = out_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f)
-        os.replace(tmp, out_path)
+    caught = dataset = None
+    for n in range(ROUNDS):
+        word = sys.stdin.readline().split()
+        if len(word) != 2 or not all(w.isdigit() for w in word):
+            return  # the probe is gone, or done with this layout
+        try:
+            if caught is None:
+                if strategy is None:
+                    strategy = _ps_strategy(layout, ports)
+                caught = _run_cell(strategy, bundle_path)
+                dataset, _, _ = fit_dataset(caught)
+            trial = _timed_fit(type(caught.model).fit, caught, dataset, int(word[0]), int(word[1]))
+            result: dict[str, Any] = asdict(trial)
+        except Exception as exc:
+            result = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            print(f"trial error (rank {rank}, round {n}): {result['error']}", file=sys.stderr, flush=True)
+        if rank == 0:
+            tmp = f"{out_path}.{n}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(result, f)
+            os.replace(tmp, f"{out_path}.{n}")
+        if "error" in result:
+            return
 
 
 # ---------------------------------------------------------------------------------------------- the probe
@@ -256,8 +269,9 @@ class Trials:
                 return
             time.sleep(0.05)
 
-    def run(self, layout: Layout, steps: int, epochs: int) -> Trial:
-        """The layout's trial, or RuntimeError saying why there is none."""
+    def run(self, layout: Layout, steps: int, epochs: int, round_no: int = 0, last: bool = True) -> Trial:
+        """One round of the layout's trial, or RuntimeError saying why there is none; its processes end
+        after the `last` round (or a failed one)."""
         key = layout.key
         if key in self.failed:
             raise RuntimeError(self.failed[key])
@@ -265,22 +279,37 @@ class Trials:
             raise RuntimeError("its servers " + self.failed["serve"].removeprefix("its "))
         if layout.ps and any(p.poll() is not None for p in self.procs.get("serve", [])):
             raise RuntimeError("its servers ended: " + self._tail("serve"))
-        for p in self.procs[key]:
-            assert p.stdin is not None
-            p.stdin.write(f"{steps} {epochs}\n")
-            p.stdin.flush()
-        deadline = time.monotonic() + TRIAL_TIMEOUT_S
-        while any(p.poll() is None for p in self.procs[key]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self._end(key)
+        out = f"{self.out[key]}.{round_no}"
         try:
-            with open(self.out[key]) as f:
+            for p in self.procs[key]:
+                assert p.stdin is not None
+                p.stdin.write(f"{steps} {epochs}\n")
+                p.stdin.flush()
+        except OSError:
+            pass  # a process already gone: said below
+        deadline = time.monotonic() + TRIAL_TIMEOUT_S
+        while not os.path.exists(out) and time.monotonic() < deadline:
+            # the writer (rank 0) ended, or another rank failed; another rank done with its last round
+            # (exit 0) may end before rank 0 has written
+            codes = [p.poll() for p in self.procs[key]]
+            if codes[0] is not None or any(c not in (None, 0) for c in codes[1:]):
+                time.sleep(0.1)  # rank 0 may have written its error just before it ended
+                break
+            time.sleep(0.05)
+        got: dict[str, Any] | None
+        try:
+            with open(out) as f:
                 got = json.load(f)
         except (OSError, ValueError):
+            got = None
+        codes = [p.poll() for p in self.procs[key]]
+        if got is None or "error" in got or last:
+            self._end(key)
+        if got is None:
             late = time.monotonic() >= deadline
-            raise RuntimeError(
-                f"no result in {TRIAL_TIMEOUT_S:g} s" if late else "it wrote nothing: " + self._tail(key)
-            ) from None
+            why = f"no result in {TRIAL_TIMEOUT_S:g} s" if late else f"round {round_no} wrote nothing "
+            why += f"(its processes' exit codes {codes}): {self._tail(key)}"
+            raise RuntimeError(why)
         if "error" in got:
             raise RuntimeError(got["error"])
         got["epochs_s"] = tuple(got.get("epochs_s") or ())
