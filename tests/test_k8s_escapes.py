@@ -232,6 +232,19 @@ def test_kueues_own_keys_cannot_come_from_the_user(k8s_plane, ann, where, key):
     assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
 
 
+def test_a_job_may_not_name_a_controller_owner(k8s_plane, ann):
+    """A controller owner reference makes Kueue walk up from the Job's pods to their owner: under a pod
+    Kueue manages (the user's queued notebook, or a running job's pod) it takes them for that pod's and
+    never gates them. The backend's plain owner reference is the control."""
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"ctl-{uuid.uuid4().hex[:6]}")
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    job["metadata"]["ownerReferences"][0]["controller"] = True
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "may not be controllers")
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
+
+
 # ---------------------------------------------------- HIGH 2: Services that capture addresses, and more
 def _owned_by_job(plane, token: str, ns: str) -> dict[str, Any]:
     name = f"own-{uuid.uuid4().hex[:6]}"
