@@ -46,12 +46,24 @@ def pytest_runtest_setup(item: pytest.Item):
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     # after the test's own teardown (trylast): its module's fixtures are gone by now
-    for entry in list(_while):
-        if nextitem is None or not entry[0](nextitem):
-            _while.remove(entry)
-            entry[1]()
-    group = item.stash.get(GROUP, None)
-    if group is None or (nextitem is not None and nextitem.stash.get(GROUP, None) == group):
-        return
-    for close in reversed(_closers.pop(group, [])):
-        close()
+    try:
+        for entry in list(_while):
+            if nextitem is None or not entry[0](nextitem):
+                _while.remove(entry)
+                entry[1]()
+    finally:
+        group = item.stash.get(GROUP, None)
+        if group is not None and (nextitem is None or nextitem.stash.get(GROUP, None) != group):
+            for close in reversed(_closers.pop(group, [])):
+                close()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A run cut short between tests (Ctrl-C, pytest.exit) still closes what `while_next` kept."""
+    while _while:
+        _keep, close = _while.pop()
+        try:
+            close()
+        except Exception as exc:  # the session is ending: say it, stop the others too
+            print(f"groupend: closing failed: {exc!r}")

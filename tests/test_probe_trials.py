@@ -4,6 +4,7 @@ trial that cannot run says why and leaves no process behind."""
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 import pytest
@@ -110,6 +111,33 @@ def test_an_allreduce_rank_done_before_rank_0_has_written_is_not_a_failure(tmp_p
     finally:
         trials.close()
     assert got.epochs_s == (0.05, 0.05)
+    assert all(p.poll() is not None for p in trials.procs["ar2"])
+
+
+@pytest.mark.parametrize(("rank1_exit", "last"), [(1, True), (1, False), (0, False)])
+def test_an_allreduce_rank_that_failed_ends_the_wait_at_once(tmp_path, rank1_exit, last):
+    """Rank 0 stuck in a collective whose peer failed (exit 1), or ended before its last round: the trial
+    is over (no waiting out TRIAL_TIMEOUT_S), and both processes end."""
+    import subprocess
+    import sys
+
+    rank0 = "import sys, time; sys.stdin.readline(); time.sleep(60)"  # blocked: it never writes
+    rank1 = f"import os, sys; sys.stdin.readline(); os._exit({rank1_exit})"
+    trials = Trials.__new__(Trials)
+    trials.failed, trials.out = {}, {"ar2": str(tmp_path / "trial-ar2.json")}
+    trials.procs = {
+        "ar2": [
+            subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, text=True)
+            for code in (rank0, rank1)
+        ]
+    }
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match=r"wrote nothing \(its processes' exit codes \[None, "):
+            trials.run(Layout(2, 0), 5, 2, round_no=0, last=last)
+    finally:
+        trials.close()
+    assert time.monotonic() - t0 < 15
     assert all(p.poll() is not None for p in trials.procs["ar2"])
 
 

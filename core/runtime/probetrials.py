@@ -33,6 +33,7 @@ PS layouts, W of them workers and the rest PS; PORTS comma-separated: workers' f
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -166,10 +167,11 @@ def serve(rank: int, workers: int, ports: list[int], out_path: str) -> None:
     del server
 
 
-def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str, out_path: str) -> None:
+def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str, out_path: str) -> int:
     """One process of a layout's trial: ready (a file), then for each of the probe's words ("K R" on stdin)
     the cell's fit timed under the layout's strategy; rank 0 writes each round's Trial (or {"error": ...})
-    as `out_path.N`. The cell is built once: later rounds fit the same model again."""
+    as `out_path.N`. The cell is built afresh each round and let go after it, so only the layout being
+    tried holds the model and its data (the others wait with none). Exit status 1 after an error."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     if layout.ps == 0:  # MWMS reads its cluster at creation, before any other op
         os.environ["TF_CONFIG"] = json.dumps(
@@ -186,19 +188,19 @@ def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str,
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if layout.ps == 0 else None
     open(f"{out_path}.ready{rank}", "w").close()
-    caught = dataset = None
     for n in range(ROUNDS):
         word = sys.stdin.readline().split()
         if len(word) != 2 or not all(w.isdigit() for w in word):
-            return  # the probe is gone, or done with this layout
+            return 0  # the probe is gone, or done with this layout
         try:
-            if caught is None:
-                if strategy is None:
-                    strategy = _ps_strategy(layout, ports)
-                caught = _run_cell(strategy, bundle_path)
-                dataset, _, _ = fit_dataset(caught)
+            if strategy is None:
+                strategy = _ps_strategy(layout, ports)
+            caught = _run_cell(strategy, bundle_path)
+            dataset, _, _ = fit_dataset(caught)
             trial = _timed_fit(type(caught.model).fit, caught, dataset, int(word[0]), int(word[1]))
             result: dict[str, Any] = asdict(trial)
+            del caught, dataset
+            gc.collect()
         except Exception as exc:
             result = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             print(f"trial error (rank {rank}, round {n}): {result['error']}", file=sys.stderr, flush=True)
@@ -208,7 +210,8 @@ def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str,
                 json.dump(result, f)
             os.replace(tmp, f"{out_path}.{n}")
         if "error" in result:
-            return
+            return 1
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------- the probe
@@ -289,10 +292,10 @@ class Trials:
             pass  # a process already gone: said below
         deadline = time.monotonic() + TRIAL_TIMEOUT_S
         while not os.path.exists(out) and time.monotonic() < deadline:
-            # the writer (rank 0) ended, or another rank failed; another rank done with its last round
-            # (exit 0) may end before rank 0 has written
+            # the writer (rank 0) ended, or another rank failed (exit 1) or ended before its last round;
+            # another rank done with its last round (exit 0) may end before rank 0 has written
             codes = [p.poll() for p in self.procs[key]]
-            if codes[0] is not None or any(c not in (None, 0) for c in codes[1:]):
+            if codes[0] is not None or any(c is not None and (c != 0 or not last) for c in codes[1:]):
                 time.sleep(0.1)  # rank 0 may have written its error just before it ended
                 break
             time.sleep(0.05)
@@ -348,7 +351,7 @@ def main(argv: list[str]) -> int:
     if argv[0].startswith("serve"):
         serve(rank, int(argv[0].removeprefix("serve")), ports, argv[4])
     else:
-        trial_process(Layout.parse(argv[0]), rank, ports, argv[3], argv[4])
+        return trial_process(Layout.parse(argv[0]), rank, ports, argv[3], argv[4])
     return 0
 
 
