@@ -245,6 +245,149 @@ def test_a_job_may_not_name_a_controller_owner(k8s_plane, ann):
     assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
 
 
+@pytest.fixture
+def bob(k8s_plane, users):
+    """A CPU-only profile: no GPUs and no Kueue queue."""
+    ns = users["bob"]
+    return ns, _token(k8s_plane, ns, tenancy.NOTEBOOK_SA)
+
+
+def test_no_priority_class_without_a_queue_either(k8s_plane, bob):
+    """Without a queue the scheduler preempts for a pod's priority itself, and system-node-critical may be
+    named in any namespace: bob's job would evict other users' pods, the hub's and DNS to make room."""
+    ns, token = bob
+    job = cpu_job(k8s_plane, ns, f"prio-{uuid.uuid4().hex[:6]}")
+    job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"] = {}, {}
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    job["spec"]["template"]["spec"]["priorityClassName"] = "system-node-critical"
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "may not pick a priority class")
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
+
+
+def test_a_job_is_deleted_only_with_what_it_owns(k8s_plane, ann):
+    """A bare DELETE of a batch/v1 Job orphans its pods, worker Jobs and objects (Kubernetes' default for
+    that version), as --cascade=orphan does: they would run on, GPUs and the queue's admission held, after
+    the lifeline, the server and the user are gone. The backend's Background delete is the control."""
+    ns, token = ann
+    owner = _owned_by_job(k8s_plane, token, ns)
+    item = f"{jobs_path(ns)}/{owner['name']}"
+    refused(call(k8s_plane, token, "DELETE", item), "propagationPolicy Background or Foreground")
+    refused(call(k8s_plane, token, "DELETE", item, {"propagationPolicy": "Orphan"}), "--cascade=orphan")
+    refused(call(k8s_plane, token, "DELETE", item, {"orphanDependents": True}), "propagationPolicy")
+    assert k8s_plane.get(item) is not None
+    code, body = call(k8s_plane, token, "DELETE", item, {"propagationPolicy": "Background"})
+    assert code == 200, body
+
+
+def test_no_finalizers_that_would_keep_a_job_after_its_owner(k8s_plane, ann):
+    """A finalizer nobody removes keeps a Job, or its pods (the Job controller copies the template's),
+    after the garbage collector deletes it with the notebook's pod; `orphan` added later orphans them."""
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"fin-{uuid.uuid4().hex[:6]}")
+    job["metadata"]["finalizers"] = ["example.com/keep"]
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "finalizers are not allowed")
+    del job["metadata"]["finalizers"]
+    job["spec"]["template"]["metadata"]["finalizers"] = ["example.com/keep"]
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "finalizers are not allowed")
+    del job["spec"]["template"]["metadata"]["finalizers"]
+    code, made = call(k8s_plane, token, "POST", jobs_path(ns), job)
+    assert code == 201, made
+    item = f"{jobs_path(ns)}/{job['metadata']['name']}"
+    for _ in range(10):  # the Job controller writes its status in between: read again on a conflict
+        live = call(k8s_plane, token, "GET", item)[1]
+        live["metadata"]["finalizers"] = ["orphan"]
+        answer = call(k8s_plane, token, "PUT", item, live)
+        if answer[0] != 409:
+            break
+    refused(answer, "finalizers are not allowed")
+    assert not k8s_plane.get(item)["metadata"].get("finalizers")
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": made["metadata"]["name"]}
+    secret = {
+        "metadata": {
+            "name": f"fin-{uuid.uuid4().hex[:6]}",
+            "ownerReferences": [{**owner, "uid": made["metadata"]["uid"]}],
+            "finalizers": ["example.com/keep"],
+        }
+    }
+    refused(call(k8s_plane, token, "POST", f"/api/v1/namespaces/{ns}/secrets", secret), "finalizers")
+
+
+@pytest.mark.parametrize(
+    "volume",
+    [
+        # any export a CSI driver reaches, read-write (the team's read-only dataset among them)
+        {"csi": {"driver": "nfs.csi.k8s.io", "volumeAttributes": {"server": "10.0.0.9", "share": "/data"}}},
+        # a claim of any storage class, or bound to an Available PV the admin made for someone else
+        {
+            "ephemeral": {
+                "volumeClaimTemplate": {
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "volumeName": "pv-for-someone-else",
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    }
+                }
+            }
+        },
+    ],
+    ids=["inline-csi", "ephemeral-claim"],
+)
+def test_only_plain_volumes_and_the_profiles_claims(k8s_plane, ann, volume):
+    """Pod Security `restricted` admits inline CSI and generic ephemeral volumes; the policy's own list does
+    not. An emptyDir, a Secret and a projected token are the control."""
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"vol-{uuid.uuid4().hex[:6]}")
+    pod = job["spec"]["template"]["spec"]
+    pod["volumes"] = [
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "token", "secret": {"secretName": "mine"}},
+        {"name": "sa", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}},
+    ]
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    pod["volumes"].append({"name": "data", **volume})
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "volume data is not allowed")
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        # Multus: a secondary network (another namespace's, by default), which no NetworkPolicy covers
+        ("template", "k8s.v1.cni.cncf.io/networks"),
+        # Calico: an address or pool of the pod's choosing
+        ("template", "cni.projectcalico.org/ipAddrs"),
+        ("job", "k8s.v1.cni.cncf.io/networks"),
+    ],
+    ids=["multus", "calico-address", "on-the-job"],
+)
+def test_no_annotations_that_the_clusters_programs_act_on(k8s_plane, ann, where, key):
+    """Only the backend's own annotations (tfdist.io/, and Kueue's pod group counts: the control)."""
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"an-{uuid.uuid4().hex[:6]}")
+    tpl = job["spec"]["template"]["metadata"]
+    tpl["annotations"] = {"tfdist.io/ps-restarts": "3", "kueue.x-k8s.io/pod-group-total-count": "1"}
+    tpl["labels"]["kueue.x-k8s.io/pod-group-name"] = job["metadata"]["name"]
+    job["metadata"]["annotations"] = {"tfdist.io/spec": "{}"}
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    meta = tpl if where == "template" else job["metadata"]
+    meta["annotations"][key] = "other-team/fabric" if "networks" in key else '["10.0.0.7"]'
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), f"annotation {key} is not allowed")
+
+
+def test_a_zero_gpu_request_makes_no_gpu_pod(k8s_plane, ann):
+    """`nvidia.com/gpu: 0` asks for no GPU: it must not pass for a GPU pod and take the GPU nodes'
+    toleration (there an image's own NVIDIA_VISIBLE_DEVICES=all would see every GPU, none allocated)."""
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"zero-{uuid.uuid4().hex[:6]}")
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "0"
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "may not tolerate the GPU nodes")
+
+
 # ---------------------------------------------------- HIGH 2: Services that capture addresses, and more
 def _owned_by_job(plane, token: str, ns: str) -> dict[str, Any]:
     name = f"own-{uuid.uuid4().hex[:6]}"

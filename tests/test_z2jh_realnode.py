@@ -508,9 +508,8 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
             "pod": 403,
             "suspended": 201,  # the control: a Job as %%tfdist makes one is admitted
             "gpu": 403,
-            **dict.fromkeys(
-                ("privileged", "hostpath", "hostnetwork", "quota"), 201
-            ),  # refused at pod creation
+            "hostpath": 403,  # the policy's list of volume kinds (Pod Security's the second layer)
+            **dict.fromkeys(("privileged", "hostnetwork", "quota"), 201),  # refused at pod creation
             "service": 201,  # the control: a Service as a job makes one
             "service_external_ips": 403,
             "service_nodeport": 403,
@@ -531,11 +530,12 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
         # tried without the policy), the policy does not: a forbidden toleration, a label the backend trusts
         assert "tfdist-user-placement" in msg["update"] and "|Exists||" in msg["update"], msg["update"]
         assert "cannot change after it is created" in msg["update_labels"], msg["update_labels"]
+        assert "volume h is not allowed" in msg["hostpath"], msg["hostpath"]
         live = real_cluster.get(f"/apis/batch/v1/namespaces/{ns}/jobs/{jobs['suspended']}")["spec"]
         live = live["template"]
         assert not live["spec"].get("tolerations") and kn.L_ROLE not in live["metadata"]["labels"], live
         # the Jobs Pod Security and the quota must stop: created, their pods never
-        refused = ("privileged", "hostpath", "hostnetwork", "quota")
+        refused = ("privileged", "hostnetwork", "quota")
         names = [jobs[k] for k in refused]
         _wait(
             "the Job controller's refusals",
@@ -545,7 +545,6 @@ def test_tenancy_attacks_from_the_users_server_are_refused(real_cluster, deploye
         why = failed_creates(real_cluster, ns, names)
         expected = {
             "privileged": ('violates PodSecurity "restricted:latest"', "securityContext.privileged=true"),
-            "hostpath": ('violates PodSecurity "restricted:latest"', "hostPath"),
             "hostnetwork": ('violates PodSecurity "restricted:latest"', "hostNetwork=true"),
             "quota": ("exceeded quota: tfdist-quota", "limits.ephemeral-storage=200Gi"),
         }
