@@ -3,9 +3,9 @@
 Use it as the hub's config file (``jupyterhub -f hub_config/jupyterhub_config.py``) or paste the part
 below the marker into z2jh's ``hub.extraConfig`` (hub_config/values.yaml does that). Settings come from
 the environment so one file serves every deployment, read through `tfdist.settings.KubeHubSettings`
-(TFDIST_PROFILES, TFDIST_WORKER_IMAGE, TFDIST_EGRESS_API_SERVER, TFDIST_GPU_ADMIN*; every one with its
-default in docs/configuration.md). Notebook pods run as the spawner's service account, `tfdist-notebook`,
-which it creates with its Role in each user namespace.
+(TFDIST_PROFILES, TFDIST_WORKER_IMAGE, TFDIST_EGRESS_API_SERVER, TFDIST_EGRESS_DENY, TFDIST_GPU_ADMIN*;
+every one with its default in docs/configuration.md). Notebook pods run as the spawner's service account,
+`tfdist-notebook`, which it creates with its Role in each user namespace.
 
 A broken profiles file stops the hub here with "file: key: reason" lines (exit status 2).
 """
@@ -26,6 +26,7 @@ c.JupyterHub.spawner_class = "tfdist.spawner.kube.TfdistKubeSpawner"
 c.TfdistKubeSpawner.profiles_file = PROFILES
 c.TfdistKubeSpawner.worker_image = hub_settings.worker_image
 c.TfdistKubeSpawner.egress_api_server = list(hub_settings.egress_api_server)
+c.TfdistKubeSpawner.egress_deny = list(hub_settings.egress_deny)
 # free GPUs per model in the form: one cluster-wide node+pod watch (RBAC: rbac-hub-gpu-view.yaml)
 c.TfdistKubeSpawner.gpu_availability_enabled = True
 # kubespawner's own profile_list stays empty: the tfdist form replaces it

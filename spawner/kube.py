@@ -134,6 +134,22 @@ class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawne
         only their namespace, DNS, the API server, the hub and egress_allow.""",
     )
 
+    egress_deny = List(
+        Unicode(),
+        config=True,
+        help="""IPv4 addresses or CIDRs that user pods may not reach as the internet: the nodes' own public
+        addresses (a node's address outside the private ranges is the internet to the default policy, its
+        kubelet and host services with it), pod or Service ranges outside the private ones, a platform
+        endpoint of your cloud. Private ranges, link-local and Azure's 168.63.129.16 are refused already.""",
+    )
+
+    @validate("egress_deny")
+    def _check_deny(self, proposal: Any) -> list[str]:
+        try:
+            return [egress.check_deny(text) for text in proposal.value]
+        except ValueError as e:
+            raise TraitError(f"egress_deny: {e}") from None
+
     @validate("egress_api_server")
     def _check_endpoints(self, proposal: Any) -> list[str]:
         for text in proposal.value:

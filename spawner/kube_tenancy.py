@@ -27,6 +27,7 @@ class KubeTenancyMixin:
     egress_api_server: list[str]
     egress_allow: list[dict[str, Any]]
     egress_internet: bool
+    egress_deny: list[str]
     allowed_runtime_classes: list[str]
     user_namespace_labels: dict[str, str]
     user_namespace_annotations: dict[str, str]
@@ -109,6 +110,7 @@ class KubeTenancyMixin:
             "hub_port": egress.url_port(hub_url),
             "egress_allow": tuple(dict(r) for r in self.egress_allow),
             "egress_internet": self.egress_internet,
+            "egress_deny": tuple(self.egress_deny),
         }
 
     def _kube_api_url(self) -> str:

@@ -64,6 +64,7 @@ def test_default_egress_selects_every_pod_and_allows_only_the_listed_peers():
                         "192.168.0.0/16",
                         "100.64.0.0/10",
                         "169.254.0.0/16",
+                        "168.63.129.16/32",  # Azure's host endpoint: a public address
                     ],
                 }
             }
@@ -80,6 +81,38 @@ def test_defaults_allow_namespace_dns_and_internet_only():
     rules = _policy()["spec"]["egress"]
     assert len(rules) == 3 and rules[0] == {"to": [{"podSelector": {}}]}
     assert _policy(egress_internet=False)["spec"]["egress"] == rules[:2]
+
+
+def allowed_by_internet_rule(pol: dict[str, Any], address: str) -> bool:
+    """Whether the internet rule lets a pod connect to `address` (an ipBlock with its excepts)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    for rule in pol["spec"]["egress"]:
+        for peer in rule.get("to", []):
+            block = peer.get("ipBlock")
+            if block and block["cidr"] == "0.0.0.0/0":
+                return not any(ip in ipaddress.ip_network(c) for c in block.get("except", []))
+    return False
+
+
+def test_the_clouds_platform_endpoint_and_the_admins_denied_ranges_are_not_the_internet():
+    """Azure's 168.63.129.16 is a public address on the node's own channel to the platform (its
+    WireServer has handed AKS pods the node's bootstrap credentials); a node with a public address is the
+    internet to the default policy, its kubelet with it, unless the admin lists it (egress_deny)."""
+    pol = _policy()
+    assert allowed_by_internet_rule(pol, "151.101.0.223")  # the control: pypi.org
+    assert not allowed_by_internet_rule(pol, "169.254.169.254")
+    assert not allowed_by_internet_rule(pol, "168.63.129.16")
+    node = "203.0.113.7"
+    assert allowed_by_internet_rule(pol, node)
+    pol = _policy(egress_deny=("203.0.113.7/32", "198.18.0.0/15"))
+    assert not allowed_by_internet_rule(pol, node) and not allowed_by_internet_rule(pol, "198.19.1.2")
+    assert allowed_by_internet_rule(pol, "151.101.0.223")
+    assert egress.check_deny(" 203.0.113.7 ") == "203.0.113.7/32"
+    for bad in ("node-1", "fd00::1", "203.0.113.0/33"):
+        with pytest.raises(ValueError):
+            egress.check_deny(bad)
 
 
 def test_admin_rules_are_added_as_written():
@@ -156,10 +189,12 @@ async def test_spawner_derives_api_server_and_hub_from_its_own_urls(spawner, mon
         egress_api_server=["10.0.0.5:6443", "10.0.0.6:6443"],
         egress_allow=[extra],
         egress_internet=False,
+        egress_deny=["203.0.113.7"],
     ).tenant_policy()
     assert p.egress_api_server == (Endpoint("10.0.0.5/32", 6443), Endpoint("10.0.0.6/32", 6443))
     assert p.egress_hub == () and p.hub_port == 8082
     assert p.egress_allow == (extra,) and not p.egress_internet
+    assert p.egress_deny == ("203.0.113.7/32",)
 
 
 async def test_spawner_refuses_bad_egress_config(spawner):
@@ -169,3 +204,5 @@ async def test_spawner_refuses_bad_egress_config(spawner):
         spawner(egress_api_server=["kubernetes.default:443"])
     with pytest.raises(TraitError, match="egress_allow"):
         spawner(egress_allow=[{"to": [], "from": []}])
+    with pytest.raises(TraitError, match="egress_deny"):
+        spawner(egress_deny=["node-1.example"])

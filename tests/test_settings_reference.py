@@ -192,12 +192,14 @@ def test_the_kubernetes_hub_config_reads_the_environment_through_the_settings(mo
         TFDIST_PROFILES=str(profiles),
         TFDIST_WORKER_IMAGE="registry.example.org/job:1",
         TFDIST_EGRESS_API_SERVER="10.0.0.10:6443  10.0.0.11:6443",
+        TFDIST_EGRESS_DENY="203.0.113.7 198.18.0.0/15",
         TFDIST_GPU_ADMIN_HOST="hub.jhub.svc",
         TFDIST_GPU_ADMIN_REPORT_URL="http://proxy.example/services/tfdist-gpu-admin/api/report",
     )
     spawner = c.TfdistKubeSpawner
     assert (spawner.profiles_file, spawner.worker_image) == (str(profiles), "registry.example.org/job:1")
     assert spawner.egress_api_server == ["10.0.0.10:6443", "10.0.0.11:6443"]
+    assert spawner.egress_deny == ["203.0.113.7", "198.18.0.0/15"]
     assert c.JupyterHub.services[0]["url"] == "http://hub.jhub.svc:10101"
     assert c.GpuFormMixin.gpu_admin_report_url == "http://proxy.example/services/tfdist-gpu-admin/api/report"
     assert (

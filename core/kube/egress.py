@@ -19,12 +19,17 @@ every pod of the namespace and allows only:
   ``component: hub`` on the API port, ``component: proxy`` on 8000 and ``component: autohttps`` on
   8080/8443, where proxy-public sends notebooks' GPU reports);
 * whatever the admin adds (``TfdistKubeSpawner.egress_allow``, NetworkPolicy egress rules as written);
-* the internet: every IPv4 address except the private ranges, CGNAT and link-local, so ``pip install``
-  works (off with ``internet=False``). IPv6 destinations are refused unless the admin adds them.
+* the internet: every IPv4 address except the private ranges, CGNAT, link-local, the clouds' platform
+  addresses that are public ones (Azure's 168.63.129.16: the host's WireServer, which has handed AKS pods
+  the node's bootstrap credentials) and what the admin denies (``TfdistKubeSpawner.egress_deny``: the
+  nodes' public addresses, pod or Service ranges outside the private ones), so ``pip install`` works (off
+  with ``internet=False``). IPv6 destinations are refused unless the admin adds them.
 
 Everything else in private ranges is refused: the kubelet and other node ports, 169.254.169.254, the
-hub's other ports, other namespaces' pods. Users cannot widen it: policies are additive, and the
-admission policy (hub_config/admission-policy.yaml) refuses any NetworkPolicy of theirs with egress.
+hub's other ports, other namespaces' pods. A node's address outside them (a node with a public address)
+is the internet to this policy: the admin lists such addresses in ``egress_deny``. Users cannot widen
+it: policies are additive, and the admission policy (hub_config/admission-policy.yaml) refuses any
+NetworkPolicy of theirs with egress.
 Enforcement is the CNI's (kube-router on the one-machine cluster; Calico, Cilium elsewhere): a cluster
 without a NetworkPolicy implementation enforces nothing. kube-router also lets every pod reach the
 NodePort range (30000-32767) on its node's own addresses, whatever the policy says.
@@ -43,6 +48,9 @@ if TYPE_CHECKING:
 EGRESS_POLICY = "tfdist-default-egress"
 #: RFC 1918, CGNAT (some clouds' pod and service ranges) and link-local (metadata servers)
 PRIVATE_V4 = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16")
+#: public addresses that are a cloud's platform, not the internet: Azure's host endpoint (WireServer, its
+#: DHCP and DNS)
+PLATFORM_V4 = ("168.63.129.16/32",)
 #: private ranges pods may query DNS in (link-local only at NodeLocal DNSCache's address)
 DNS_RANGES = (*PRIVATE_V4[:4], "169.254.20.10/32")
 #: z2jh's pods in the hub's namespace a notebook talks to, and their container ports; "hub" gets the API
@@ -111,6 +119,7 @@ def egress_rules(
     hub_port: int = DEFAULT_HUB_PORT,
     allow: tuple[dict[str, Any], ...] = (),
     internet: bool = True,
+    deny: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """The egress rules of the namespace's default policy, in the order of the module docstring."""
     rules: list[dict[str, Any]] = [
@@ -144,7 +153,8 @@ def egress_rules(
             )
     rules += [dict(r) for r in allow]
     if internet:
-        rules.append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_V4)}}]})
+        refused = list(dict.fromkeys((*PRIVATE_V4, *PLATFORM_V4, *deny)))
+        rules.append({"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": refused}}]})
     return rules
 
 
@@ -167,9 +177,24 @@ def default_egress(p: TenantPolicy) -> dict[str, Any]:
         hub_port=p.hub_port,
         allow=p.egress_allow,
         internet=p.egress_internet,
+        deny=p.egress_deny,
     )
     labels = {"app.kubernetes.io/part-of": "jupyter-tfdist"}  # tenancy.PART_OF
     return egress_policy(p.namespace, labels, rules)
+
+
+def check_deny(text: str) -> str:
+    """An IPv4 address or CIDR the internet rule leaves out, as the policy writes it; ValueError otherwise
+    (an ipBlock's `except` must lie inside its 0.0.0.0/0)."""
+    try:
+        net = ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise ValueError(
+            f"{text!r}: expected an IPv4 address or CIDR, e.g. 203.0.113.7 or 198.18.0.0/15"
+        ) from None
+    if net.version != 4:
+        raise ValueError(f"{text!r}: IPv6 is refused already (no IPv6 internet rule); list IPv4 here")
+    return str(net)
 
 
 def check_rule(rule: Any) -> dict[str, Any]:

@@ -127,6 +127,7 @@ class TenantPolicy:
     hub_port: int = DEFAULT_HUB_PORT
     egress_allow: tuple[dict[str, Any], ...] = ()
     egress_internet: bool = True
+    egress_deny: tuple[str, ...] = ()  # IPv4 CIDRs the internet rule leaves out (tfdist.kube.egress)
     #: the profile's data volumes: the only claims job pods may mount (tfdist.datamounts)
     data_volumes: tuple[DataMount, ...] = ()
     #: labels and annotations the admin asked for (KubeSpawner's user_namespace_labels/annotations)

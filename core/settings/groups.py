@@ -306,6 +306,14 @@ class KubeHubSettings(Group):
         "(`c.TfdistKubeSpawner.egress_api_server`); unset: the hub's own API server address, which a "
         "hub in a pod cannot see.",
     )
+    egress_deny = Var(
+        n.ENV_EGRESS_DENY,
+        words,
+        (),
+        "IPv4 addresses or CIDRs user pods may not reach as the internet, space-separated "
+        "(`c.TfdistKubeSpawner.egress_deny`): the nodes' public addresses, pod or Service ranges outside "
+        "the private ones.",
+    )
     gpu_admin = Var(
         n.ENV_GPU_ADMIN,
         _on_unless_0,

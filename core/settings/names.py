@@ -65,6 +65,7 @@ ENV_GPU_ADMIN_LOCAL_GPUS = "TFDIST_GPU_ADMIN_LOCAL_GPUS"
 
 # The Kubernetes hub's config file (hub_config/jupyterhub_config.py; z2jh: hub.extraEnv), KubeHubSettings.
 ENV_EGRESS_API_SERVER = "TFDIST_EGRESS_API_SERVER"  # the API server as user namespaces' pods reach it
+ENV_EGRESS_DENY = "TFDIST_EGRESS_DENY"  # IPv4 addresses user pods may not reach as the internet
 ENV_GPU_ADMIN = "TFDIST_GPU_ADMIN"  # "0": no GPU admin service
 ENV_GPU_ADMIN_PUBLIC_URL = "TFDIST_GPU_ADMIN_PUBLIC_URL"
 ENV_GPU_ADMIN_HOST = "TFDIST_GPU_ADMIN_HOST"
