@@ -63,6 +63,7 @@ class NodeInfo:
     allocatable: Mapping[str, float]
     taints: tuple[tuple[str, str, str], ...]  # (key, value, effect) of NoSchedule/NoExecute taints
     schedulable: bool
+    addresses: tuple[str, ...] = ()  # its InternalIP and ExternalIP addresses (the egress policy's)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,11 @@ def node_info(node: Mapping[str, Any]) -> NodeInfo:
         allocatable={k: parse_quantity(v) for k, v in (status.get("allocatable") or {}).items() if "/" in k},
         taints=taints,
         schedulable=ready and not spec.get("unschedulable", False),
+        addresses=tuple(
+            str(a.get("address", ""))
+            for a in (status.get("addresses") or [])
+            if a.get("type") in ("InternalIP", "ExternalIP") and a.get("address")
+        ),
     )
 
 
@@ -244,6 +250,12 @@ class ClusterGpuView:
     def largest_node(self, models: Mapping[str, GpuModel]) -> dict[str, int] | None:
         """`largest_node` of the watched nodes; None until they are loaded."""
         return largest_node(self.nodes.values(), models) if self.loaded else None
+
+    def node_addresses(self) -> tuple[str, ...] | None:
+        """Every watched node's addresses; None until the nodes are loaded."""
+        if not self._loaded["nodes"]:
+            return None
+        return tuple(dict.fromkeys(a for n in self.nodes.values() for a in n.addresses))
 
     # I/O
     def start(self) -> None:

@@ -137,10 +137,10 @@ class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawne
     egress_deny = List(
         Unicode(),
         config=True,
-        help="""IPv4 addresses or CIDRs that user pods may not reach as the internet: the nodes' own public
-        addresses (a node's address outside the private ranges is the internet to the default policy, its
-        kubelet and host services with it), pod or Service ranges outside the private ones, a platform
-        endpoint of your cloud. Private ranges, link-local and Azure's 168.63.129.16 are refused already.""",
+        help="""IPv4 addresses or CIDRs that user pods may not reach as the internet: pod or Service ranges
+        outside the private ones, a platform endpoint of your cloud, nodes' public addresses where the hub
+        does not watch nodes (gpu_availability_enabled; where it does, each spawn leaves out every node's
+        own addresses). Private ranges, link-local and Azure's 168.63.129.16 are refused already.""",
     )
 
     @validate("egress_deny")
@@ -188,6 +188,10 @@ class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawne
     def queues_gpu_servers(self, cfg: ProfilesConfig) -> bool:
         """GPU servers of a profile with a queue wait in it (apply_choice labels their pod)."""
         return cfg.kueue is not None and self.enable_user_namespaces
+
+    def _node_view(self) -> ClusterGpuView | None:
+        """The hub's node watch, where it keeps one (the form's free GPUs; rbac-hub-gpu-view.yaml)."""
+        return shared_gpu_view() if self.gpu_availability_enabled else None
 
     async def largest_node_gpus(self, cfg: ProfilesConfig) -> dict[str, int] | None:
         if not self.gpu_availability_enabled:

@@ -110,8 +110,19 @@ class KubeTenancyMixin:
             "hub_port": egress.url_port(hub_url),
             "egress_allow": tuple(dict(r) for r in self.egress_allow),
             "egress_internet": self.egress_internet,
-            "egress_deny": tuple(self.egress_deny),
+            "egress_deny": tuple(dict.fromkeys((*self.egress_deny, *self._public_node_addresses()))),
         }
+
+    def _node_view(self) -> Any:
+        """The hub's watch of the cluster's nodes (the Kubernetes spawner's), None where it keeps none."""
+        return None
+
+    def _public_node_addresses(self) -> tuple[str, ...]:
+        """The watched nodes' addresses outside the private ranges (a node with a public address: its
+        kubelet and host services are not the internet); none where the hub does not watch nodes."""
+        view = self._node_view()
+        got = view.node_addresses() if view is not None else None
+        return egress.public_addresses(got or ())
 
     def _kube_api_url(self) -> str:
         """The API server URL the hub's own client uses ("" if unknown)."""

@@ -115,6 +115,40 @@ def test_the_clouds_platform_endpoint_and_the_admins_denied_ranges_are_not_the_i
             egress.check_deny(bad)
 
 
+async def test_the_nodes_public_addresses_are_left_out_of_the_internet_at_each_spawn(spawner, monkeypatch):
+    """A node with a public address is reached through the internet rule (its kubelet, node-exporter,
+    any host service on 0.0.0.0): the spawner leaves out every address of the nodes the hub watches."""
+    from tfdist.spawner.availability import ClusterGpuView
+    from tfdist.spawner.kube import TfdistKubeSpawner
+
+    view = ClusterGpuView(api=None)
+    assert view.node_addresses() is None  # not loaded: nothing known, nothing added
+    view.apply_node(
+        "ADDED",
+        {
+            "metadata": {"name": "n1"},
+            "status": {
+                "addresses": [
+                    {"type": "InternalIP", "address": "10.0.0.5"},
+                    {"type": "ExternalIP", "address": "203.0.113.9"},
+                    {"type": "InternalIP", "address": "fd00::5"},
+                    {"type": "Hostname", "address": "n1"},
+                ]
+            },
+        },
+    )
+    view._loaded["nodes"] = True
+    assert view.node_addresses() == ("10.0.0.5", "203.0.113.9", "fd00::5")
+    assert egress.public_addresses(view.node_addresses()) == ("203.0.113.9/32",)
+    monkeypatch.setattr(TfdistKubeSpawner, "_node_view", lambda self: view)
+    p = spawner(egress_deny=["198.18.0.0/15"]).tenant_policy()
+    assert p.egress_deny == ("198.18.0.0/15", "203.0.113.9/32")
+    pol = _policy(egress_deny=p.egress_deny)
+    assert not allowed_by_internet_rule(pol, "203.0.113.9") and allowed_by_internet_rule(pol, "203.0.113.10")
+    monkeypatch.setattr(TfdistKubeSpawner, "_node_view", lambda self: None)  # no node watch (no RBAC)
+    assert spawner().tenant_policy().egress_deny == ()
+
+
 def test_admin_rules_are_added_as_written():
     extra = {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"protocol": TCP, "port": 443}]}
     rules = _policy(egress_allow=(extra,))["spec"]["egress"]

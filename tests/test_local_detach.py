@@ -24,9 +24,10 @@ from tfdist.errors import JobSpecError
 
 pytestmark = pytest.mark.slow
 
-SHORT = (
+SHORT = (  # the pause keeps it running past the first kernel's end (its fit alone took < 5 s on a fast host)
     "%%tfdist run --detach --name away --workers 1\n"
     "history = model.fit(train_ds, epochs=4, steps_per_epoch=25, verbose=0)\n"
+    "import time; time.sleep(15)\n"
     "note = 'from the job'\n"
 )
 LONG = "%%tfdist run --detach --name long --workers 1\nmodel.fit(train_ds, epochs=1000, steps_per_epoch=40)\n"

@@ -27,7 +27,8 @@ every pod of the namespace and allows only:
 
 Everything else in private ranges is refused: the kubelet and other node ports, 169.254.169.254, the
 hub's other ports, other namespaces' pods. A node's address outside them (a node with a public address)
-is the internet to this policy: the admin lists such addresses in ``egress_deny``. Users cannot widen
+would be the internet to this policy: the spawner leaves out every address of the nodes it watches (for
+the form's free GPUs) at each spawn, and the admin lists others in ``egress_deny``. Users cannot widen
 it: policies are additive, and the admission policy (hub_config/admission-policy.yaml) refuses any
 NetworkPolicy of theirs with egress.
 Enforcement is the CNI's (kube-router on the one-machine cluster; Calico, Cilium elsewhere): a cluster
@@ -181,6 +182,21 @@ def default_egress(p: TenantPolicy) -> dict[str, Any]:
     )
     labels = {"app.kubernetes.io/part-of": "jupyter-tfdist"}  # tenancy.PART_OF
     return egress_policy(p.namespace, labels, rules)
+
+
+def public_addresses(addresses: tuple[str, ...]) -> tuple[str, ...]:
+    """The IPv4 addresses (as /32) the internet rule would let through: nodes' addresses outside the
+    private ranges, which are the nodes' own (their kubelet, their host services), not the internet."""
+    private = [ipaddress.ip_network(c) for c in (*PRIVATE_V4, *PLATFORM_V4)]
+    out: list[str] = []
+    for text in addresses:
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            continue
+        if ip.version == 4 and not any(ip in net for net in private):
+            out.append(f"{ip}/32")
+    return tuple(dict.fromkeys(out))
 
 
 def check_deny(text: str) -> str:
