@@ -145,14 +145,7 @@ def left(cluster: Any, ns: str, job: str) -> list[str]:
 
 def wait_gone(cluster: Any, ns: str, job: str, timeout: float) -> float:
     """Seconds until nothing of `job` is left; AssertionError with what is left after `timeout`."""
-    t0 = time.monotonic()
-    while True:
-        rest = left(cluster, ns, job)
-        if not rest:
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"left after {timeout:.0f}s: {rest}")
-        time.sleep(0.5)
+    return GoneWatch(cluster, ns, job, timeout).check()
 
 
 class GoneWatch:

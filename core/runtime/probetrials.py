@@ -310,8 +310,8 @@ class Trials:
             self._end(key)
         if got is None:
             late = time.monotonic() >= deadline
-            why = f"no result in {TRIAL_TIMEOUT_S:g} s" if late else f"round {round_no} wrote nothing "
-            why += f"(its processes' exit codes {codes}): {self._tail(key)}"
+            why = f"no result in {TRIAL_TIMEOUT_S:g} s" if late else f"round {round_no} wrote nothing"
+            why += f" (its processes' exit codes {codes}): {self._tail(key)}"
             raise RuntimeError(why)
         if "error" in got:
             raise RuntimeError(got["error"])
