@@ -566,8 +566,10 @@ async def test_the_users_notebook_refuses_a_job_larger_than_the_queue_from_the_l
 
 # ------------------------------------------------------------------------ the spawner converges them
 @pytest.fixture
-def spawners(kq, monkeypatch):
-    """Real TfdistKubeSpawners on the plane (KubeSpawner's client pointed at it): make(user, profiles)."""
+async def spawners(kq, monkeypatch):
+    """Real TfdistKubeSpawners on the plane (KubeSpawner's client pointed at it): make(user, profiles).
+    KubeSpawner's reflectors are class-level: a stop() starts one on this plane, stopped at teardown, or
+    the next module's spawner (another plane) would watch this one and never see its pod."""
     import kubernetes_asyncio.config.kube_config as kc
     import yaml
     from kubernetes_asyncio.client import Configuration
@@ -606,6 +608,7 @@ def spawners(kq, monkeypatch):
         return sp
 
     yield make
+    await TfdistKubeSpawner._stop_all_reflectors()
     load_config.cache_clear()
     Configuration.set_default(saved)
 
