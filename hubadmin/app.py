@@ -144,6 +144,10 @@ class ReportHandler(_Plain):
             rec = await self.state.record_for(sid)
         except UnknownServer as e:
             raise web.HTTPError(404, str(e)) from None
+        why = rec.overclaim(rep)
+        if why is not None:
+            self.state.refuse(sid, why)
+            raise web.HTTPError(400, why)
         reply = await self.state.accept(rec, rep)
         self.set_header("Content-Type", "application/json")
         self.finish(reply.model_dump_json())

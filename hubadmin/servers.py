@@ -44,6 +44,8 @@ class ServerRecord:
     seen: float = 0.0  # when its last report was accepted (0: never)
     asked_s: float = 30.0  # the report interval it was last asked for
     last_cull_check: float = 0.0
+    started: str | None = None  # the hub's start time of this server: a restart at the same URL is new
+    gpus_given: int | None = None  # what the spawner gave it (None: not known); a report of more is refused
 
     @property
     def key(self) -> str:
@@ -113,6 +115,13 @@ class ServerRecord:
             "util": [None if p[1] is None else round(p[1], 1) for p in pts],
             "mem": [None if p[2] is None else round(p[2]) for p in pts],
         }
+
+    def overclaim(self, rep: ActivityReport) -> str | None:
+        """Why a report's GPUs cannot be this server's: more than it was given (its user's own code writes
+        the report, and the page's and the metrics' held and free counts add them up)."""
+        if self.gpus_given is not None and len(rep.gpus) > self.gpus_given:
+            return f"reports {len(rep.gpus)} GPUs, but the server was given {self.gpus_given}"
+        return None
 
     def take(self, rep: ActivityReport, threshold: float, now: float) -> None:
         """An accepted report. Its idle time counts only when measured against this server's threshold."""

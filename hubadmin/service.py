@@ -34,6 +34,9 @@ log = logging.getLogger("tfdist.hubadmin")
 LIVE_REPORT_S = 2.0  # while an admin looks at the page, servers are asked to report this often
 LIVE_FOR_S = 60.0  # ... for this long after the page's last poll
 DEFAULT_BUSY = 5.0  # threshold of servers without a culling rule (the page's busy/idle totals)
+PAGINATION = "application/jupyterhub-pagination+json"  # the hub's paged answers, with the next offset
+PAGE_LIMIT = 200  # the hub's own default cap per answer (api_page_max_limit): it may lower it
+MAX_PAGES = 10_000  # 2 million users at the default cap: a guard against a hub that never says "no more"
 
 
 class GpuAdminState:
@@ -71,11 +74,16 @@ class GpuAdminState:
 
     # ---- HTTP (the hub's API only) ----------------------------------------------------------------
 
-    async def _request(self, url: str, token: str, method: str = "GET", body: Any = None) -> Any:
+    async def _request(
+        self, url: str, token: str, method: str = "GET", body: Any = None, accept: str | None = None
+    ) -> Any:
+        headers = {"Authorization": f"token {token}", "Content-Type": "application/json"}
+        if accept:
+            headers["Accept"] = accept
         req = HTTPRequest(
             url,
             method=method,
-            headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
+            headers=headers,
             body=None if body is None and method in ("GET", "DELETE") else json.dumps(body or {}),
             request_timeout=10,
             follow_redirects=False,
@@ -86,6 +94,27 @@ class GpuAdminState:
 
     async def hub(self, path: str, method: str = "GET", body: Any = None) -> Any:
         return await self._request(f"{self.api_url}{path}", self.token, method, body)
+
+    async def active_users(self) -> list[dict[str, Any]]:
+        """Every user with a server, page by page: the hub caps any one answer at its
+        `api_page_max_limit` (200 by default) whatever `limit` asks, so one read missed every later user's
+        servers (never culled, not on the page, their reports refused as unknown)."""
+        users: list[dict[str, Any]] = []
+        offset = 0
+        for _ in range(MAX_PAGES):
+            page = await self._request(
+                f"{self.api_url}/users?state=active&offset={offset}&limit={PAGE_LIMIT}",
+                self.token,
+                accept=PAGINATION,
+            )
+            if isinstance(page, list):  # a hub without pagination answers every user at once
+                return page
+            users.extend(page.get("items") or [])
+            nxt = (page.get("_pagination") or {}).get("next")
+            if not nxt or not page.get("items"):
+                break
+            offset = int(nxt["offset"])
+        return users
 
     async def whoami(self, token: str) -> Any:
         """The hub's model of `token`'s owner, with the token's scopes; None when the hub refuses it."""
@@ -116,11 +145,9 @@ class GpuAdminState:
 
     async def _refresh(self) -> None:
         t0 = time.perf_counter()
-        users = await self.hub("/users?state=active&limit=10000")
-        if isinstance(users, dict):  # paginated form
-            users = users.get("items", [])
+        users = await self.active_users()
         seen = set()
-        for u in users or []:
+        for u in users:
             for sname, s in (u.get("servers") or {}).items():
                 if not s.get("ready"):
                     continue
@@ -128,14 +155,20 @@ class GpuAdminState:
                 key = f"{u['name']}/{sname}"
                 seen.add(key)
                 rec = self.servers.get(key)
-                if rec is None or rec.url != s.get("url"):
+                url = s.get("url") or f"/user/{quote(u['name'])}/{quote(sname)}/"
+                if rec is None or rec.url != url or rec.started != s.get("started"):
+                    # a server stopped and started again between two reads has the same URL: its record
+                    # (profile, culling rule, warning, history) is a new one
+                    given = opts.get("gpus")
                     rec = self.servers[key] = ServerRecord(
                         user=u["name"],
                         name=sname,
                         profile=opts.get("profile"),
                         gpu_model=opts.get("gpu_model"),
-                        url=s.get("url") or f"/user/{quote(u['name'])}/{quote(sname)}/",
+                        url=url,
                         asked_s=self.period,
+                        started=s.get("started"),
+                        gpus_given=given if isinstance(given, int) and not isinstance(given, bool) else None,
                     )
         for key in list(self.servers):
             if key not in seen:

@@ -217,8 +217,16 @@ class GpuFormMixin(LoggingConfigurable):
         assert profile is not None  # validated
         self.apply_choice(choice, profile, cfg)
         self.tfdist_choice = choice
-        self._tfdist_applied_for = user_options
-        self._tfdist_last_valid = choice.as_user_options()
+        # What was applied, not what was asked, is the server's user_options (the hub stores them, and the
+        # GPU admin service reads the profile and GPU count there): `{}` over REST starts the first
+        # allowed profile's defaults, which the raw request does not name.
+        applied = choice.as_user_options()
+        self.user_options = applied
+        orm = getattr(self, "orm_spawner", None)
+        if orm is not None:
+            orm.user_options = dict(applied)
+        self._tfdist_applied_for = self.user_options
+        self._tfdist_last_valid = dict(applied)
         return choice
 
     async def tfdist_ensure_applied(self) -> Choice:

@@ -4,6 +4,8 @@ visible after the next good one."""
 
 from __future__ import annotations
 
+import json
+
 from tfdist.hubadmin.page import page_view
 from tfdist.hubadmin.report import GpuRecord
 from tfdist.hubadmin.servers import ServerRecord
@@ -46,3 +48,45 @@ def test_a_refusal_stays_on_the_row_after_a_good_report():
     [row] = view(rec)["servers"]
     assert row["error"] is None  # her last report was good
     assert row["refusals"] == {"count": 3, "at": NOW - 30, "why": "'idle_s' must be at least 0"}
+
+
+async def test_a_server_started_again_at_the_same_url_is_a_new_record(monkeypatch):
+    """Stopped on a GPU profile and started on another before the service's next read: same URL, new
+    start time. Its record (profile, GPU count, warning, history) is the new server's, not the old one's."""
+    from tfdist.hubadmin.service import GpuAdminState
+
+    state = GpuAdminState(api_url="http://hub.invalid/hub/api", api_token="t", culling=None)
+    reads = [
+        {"profile": "gpu", "gpus": 1, "gpu_model": "a100", "started": "2026-12-04T10:00:00Z"},
+        {"profile": "gpu-large", "gpus": 2, "gpu_model": "a100", "started": "2026-12-04T10:00:40Z"},
+    ]
+
+    async def active_users():
+        r = reads[0]
+        opts = {k: r[k] for k in ("profile", "gpus", "gpu_model")}
+        server = {"ready": True, "url": "/user/ann/", "started": r["started"], "user_options": opts}
+        return [{"name": "ann", "servers": {"": server}}]
+
+    monkeypatch.setattr(state, "active_users", active_users)
+    await state.refresh()
+    first = state.servers["ann/"]
+    assert (first.profile, first.gpus_given) == ("gpu", 1)
+    first.warned_cull_at = NOW + 60
+    first.add(NOW, [2.0], [10.0])
+    await state.refresh()
+    assert state.servers["ann/"] is first  # the same server read again keeps its record
+    reads.pop(0)
+    await state.refresh()
+    now = state.servers["ann/"]
+    assert (now.profile, now.gpus_given, now.warned_cull_at, len(now.history)) == ("gpu-large", 2, None, 0)
+
+
+def test_a_report_of_more_gpus_than_the_server_was_given_is_refused_saying_so():
+    from tfdist.hubadmin.report import parse_report
+
+    rec = ServerRecord(user="eve", name="", profile="cpu", gpu_model=None, url="/user/eve/", gpus_given=0)
+    one = json.dumps({"gpus": [{"index": 0, "name": A100, "uuid": "GPU-x"}]}).encode()
+    assert rec.overclaim(parse_report(b"{}", NOW)) is None
+    assert rec.overclaim(parse_report(one, NOW)) == "reports 1 GPUs, but the server was given 0"
+    rec.gpus_given = None  # not known (an admin's own apply_user_options): not checked
+    assert rec.overclaim(parse_report(one, NOW)) is None

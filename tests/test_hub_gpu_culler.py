@@ -94,6 +94,10 @@ c.JupyterHub.load_roles[0]["scopes"].append("access:services")
 c.JupyterHub.load_roles.append(
     {{"name": "user", "scopes": ["self", "access:services!service=tfdist-gpu-admin"]}}
 )
+# the hub answers at most 2 users a page here (200 by default): the service must read every page, or it
+# never sees the later users' servers (not culled, not on the page, their reports refused as unknown)
+c.JupyterHub.api_page_max_limit = 2
+c.JupyterHub.api_page_default_limit = 2
 c.SharedPasswordAuthenticator.admin_password = {ADMIN_PASSWORD!r}
 c.Authenticator.admin_users = {{"boss"}}
 """
@@ -382,14 +386,12 @@ def test_a_report_claiming_another_users_server_counts_for_the_sender_only(hub: 
     admin = admin_session(hub)
     before = wait_reporting(admin, hub, "worker/")
     own = server_token(hub, "mallory")
-    fake_gpu = {"index": 7, "name": "Fake GPU", "uuid": "GPU-claimed"}
     claim = {
         "user": "worker",
         "server": "",
         "busy_percent": 10,
         "idle_s": 0,
-        "gpus": [fake_gpu],
-        "samples": [{"t": time.time(), "util": [99.0], "mem": [1.0]}],
+        "jobs_running": [{"name": "claimed", "state": "running", "gpu_util": []}],
     }
     # Mallory's own server reports its real, GPU-less state every second as well, and each report
     # replaces her row: read the page right after the claim, again until a read falls between two of
@@ -398,10 +400,11 @@ def test_a_report_claiming_another_users_server_counts_for_the_sender_only(hub: 
         r = report(hub, own, claim)
         assert r.status_code == 200, r.text
         rows = page_rows(admin, hub)
-        if [g["uuid"] for g in rows["mallory/"]["gpus"]] == ["GPU-claimed"]:
+        if [j["name"] for j in rows["mallory/"]["jobs"]] == ["claimed"]:
             break  # attributed to herself
     else:
         pytest.fail(f"the claim never showed in mallory's own row: {rows['mallory/']}")
+    assert "claimed" not in [j["name"] for j in rows["worker/"]["jobs"]]
     assert (
         [g["uuid"] for g in rows["worker/"]["gpus"]]
         == [g["uuid"] for g in before["gpus"]]
@@ -413,6 +416,28 @@ def test_a_report_claiming_another_users_server_counts_for_the_sender_only(hub: 
         r = report(hub, token, claim)
         assert r.status_code == 403 and "not a server's own token" in r.text, r.text
     assert [g["uuid"] for g in page_rows(admin, hub)["worker/"]["gpus"]] == ["GPU-fake-0001"]
+
+
+def test_a_server_cannot_report_gpus_it_was_not_given(hub: RunningHub) -> None:
+    """Mallory's CPU server (she writes its reports: her own code, her own token) reports eight H100s:
+    the page's and the metrics' held and free counts would add them up (8 held, 0 free on this hub)."""
+    admin = admin_session(hub)
+    wait_reporting(admin, hub, "mallory/")
+    # what the hub keeps for her server is what was applied (the GPU count included), not what was sent
+    assert hub.servers("mallory")[""]["user_options"] == {
+        "profile": "cpu",
+        "cpu": 0.5,
+        "memory": 1.0,
+        "gpus": 0,
+        "image": "local",
+    }
+    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-forged-{i}"} for i in range(8)]
+    forged = {"busy_percent": 10, "idle_s": 0, "gpus": gpus}
+    r = report(hub, server_token(hub, "mallory"), forged)
+    assert r.status_code == 400 and "reports 8 GPUs, but the server was given 0" in r.text, r.text
+    rows = page_rows(admin, hub)
+    assert rows["mallory/"]["gpus"] == [] and "was given 0" in rows["mallory/"]["refusals"]["why"]
+    assert "GPU-forged" not in metrics(hub)
 
 
 MALFORMED: list[Any] = [
