@@ -175,9 +175,9 @@ class JobLimits(_Strict):
 
     cpu: float | None = Field(None, gt=0)
     memory_gib: float | None = Field(None, gt=0)
-    #: pods in the user's namespace, notebook servers included
+    #: pods in the user's namespace, notebook servers included (and the most tasks one Job may have)
     pods: int = Field(32, ge=1, strict=True)
-    #: %%tfdist jobs at once (each is 2-3 batch Jobs, a Service or more, a Secret)
+    #: %%tfdist jobs at once (each is 2-3 batch Jobs, a Service or more, a Secret, a NetworkPolicy)
     jobs: int | None = Field(16, ge=1, strict=True)
     #: local disk (ephemeral storage) of all the namespace's containers, requests and limits
     local_disk_gib: float | None = Field(100, gt=0)

@@ -389,6 +389,84 @@ def test_a_zero_gpu_request_makes_no_gpu_pod(k8s_plane, ann):
 
 
 # ---------------------------------------------------- HIGH 2: Services that capture addresses, and more
+def test_affinity_cannot_reach_other_users_pods(k8s_plane, ann, users):
+    """A required anti-affinity over every namespace against bob's pods (their labels are computable from
+    his name) keeps his notebook and jobs off every node while ann's one CPU pod lives; affinity tells her
+    whether they exist. Affinity within her own namespace is the control."""
+    from tfdist.kube import names
+
+    ns, token = ann
+    job = cpu_job(k8s_plane, ns, f"aff-{uuid.uuid4().hex[:6]}")
+    pod = job["spec"]["template"]["spec"]
+    own = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
+    pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [own]}}
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    bobs = {"labelSelector": {"matchLabels": {names.L_USER: names.user_label("bob")}}}
+    terms = {
+        "anti-everywhere": ("podAntiAffinity", "required", {**bobs, "namespaceSelector": {}}),
+        "anti-his-namespace": ("podAntiAffinity", "required", {**bobs, "namespaces": [users["bob"]]}),
+        "affinity-probe": ("podAffinity", "preferred", {**bobs, "namespaceSelector": {}}),
+    }
+    for kind, when, term in terms.values():
+        term = {**term, "topologyKey": "kubernetes.io/os"}
+        rule = [term] if when == "required" else [{"weight": 100, "podAffinityTerm": term}]
+        pod["affinity"] = {kind: {f"{when}DuringSchedulingIgnoredDuringExecution": rule}}
+        refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "only your own namespace's pods")
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
+
+
+def test_a_pod_being_deleted_does_not_keep_its_gpus_for_long(k8s_plane, ann):
+    """A grace period of a year (and a PID 1 that ignores SIGTERM): preemption, the lifeline, the server's
+    stop and culling all delete gracefully, so the pod would run on, its GPUs held. 30 s is admitted."""
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"tg-{uuid.uuid4().hex[:6]}", terminationGracePeriodSeconds=30)
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 31536000
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "terminationGracePeriodSeconds 31536000")
+
+
+def test_a_job_cannot_leave_pods_without_end(k8s_plane, bob):
+    """The Job controller keeps each finished pod until its Job is deleted, and the quota counts only
+    running ones: 100000 completions, retries without end (a huge backoffLimit, a podFailurePolicy that
+    ignores failures) or more tasks than the namespace's pods would fill the API server's store. The
+    backend's shapes (an Indexed Job, a task each, backoffLimitPerIndex 3) are the control."""
+    ns, token = bob
+
+    def job(**spec: Any) -> dict[str, Any]:
+        j = cpu_job(k8s_plane, ns, f"many-{uuid.uuid4().hex[:6]}")
+        j["metadata"]["labels"], j["spec"]["template"]["metadata"]["labels"] = {}, {}
+        j["spec"].update(spec)
+        return j
+
+    indexed = {"completionMode": "Indexed", "completions": 2, "parallelism": 2}
+    for ok in ({}, {**indexed, "backoffLimitPerIndex": 3, "maxFailedIndexes": 2}, {"backoffLimit": 0}):
+        code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job(**ok))
+        assert code == 201, (ok, body)
+    ignore = {"rules": [{"action": "Ignore", "onExitCodes": {"operator": "In", "values": [1]}}]}
+    for bad, says in (
+        ({"completions": 100000, "parallelism": 30}, "completions must equal parallelism"),
+        ({"completions": 1000, "parallelism": 1000}, "at most 20 (your namespace"),
+        ({"backoffLimit": 100000}, "backoffLimit at most 6"),
+        ({**indexed, "backoffLimitPerIndex": 1000, "maxFailedIndexes": 2}, "backoffLimitPerIndex at most 3"),
+        ({"podFailurePolicy": ignore}, "no podFailurePolicy"),
+    ):
+        j = job(**bad)
+        refused(call(k8s_plane, token, "POST", jobs_path(ns), j), says)
+        assert k8s_plane.get(f"{jobs_path(ns)}/{j['metadata']['name']}") is None
+
+
+def test_no_hugepages_which_no_quota_counts(k8s_plane, bob):
+    ns, token = bob
+    job = cpu_job(k8s_plane, ns, f"hp-{uuid.uuid4().hex[:6]}")
+    job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"] = {}, {}
+    res = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    res["limits"]["hugepages-2Mi"] = "1Gi"
+    res["requests"] = {"hugepages-2Mi": "1Gi", "cpu": "1", "memory": "1Gi"}
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "hugepages (hugepages-2Mi) are not allowed")
+
+
 def _owned_by_job(plane, token: str, ns: str) -> dict[str, Any]:
     name = f"own-{uuid.uuid4().hex[:6]}"
     code, job = call(plane, token, "POST", jobs_path(ns), cpu_job(plane, ns, name))
@@ -530,13 +608,20 @@ async def test_object_counts_are_capped(k8s_plane, users):
     every user namespace's quota caps them by default."""
     ns = users["bob"]
     quota = k8s_plane.get(f"/api/v1/namespaces/{ns}/resourcequotas/{tenancy.QUOTA}")["spec"]["hard"]
-    for key in ("count/jobs.batch", "services", "secrets", "persistentvolumeclaims", "requests.storage"):
+    for key in (
+        "count/jobs.batch",
+        "services",
+        "secrets",
+        "count/networkpolicies.networking.k8s.io",
+        "persistentvolumeclaims",
+        "requests.storage",
+    ):
         assert key in quota, quota
     assert "requests.ephemeral-storage" in quota and "limits.ephemeral-storage" in quota
     # the cap binds: one namespace with room for one Secret
     carl = f"{users['hub']}-carl-{uuid.uuid4().hex[:4]}"
     policy = tenancy.TenantPolicy(
-        user="carl", namespace=carl, gpu_quota={"nvidia.com/gpu": 0}, secrets_quota=1
+        user="carl", namespace=carl, gpu_quota={"nvidia.com/gpu": 0}, secrets_quota=1, policies_quota=1
     )
     from tests.test_k8s_tenancy import _api_for_token, notebook_pod
 
@@ -558,6 +643,26 @@ async def test_object_counts_are_capped(k8s_plane, users):
         ]
         assert answers[0][0] == 201, answers[0]
         refused(answers[1], "exceeded quota")
+        # NetworkPolicies too (each may carry a megabyte of ipBlock peers, and the network plugin programs
+        # every one on every node): room for one of a job's beside the hub's own
+        netpols = f"/apis/networking.k8s.io/v1/namespaces/{carl}/networkpolicies"
+        hubs = len(k8s_plane.get(netpols)["items"])
+        assert hubs <= tenancy.HUB_POLICIES
+        answers = [
+            call(
+                k8s_plane,
+                token,
+                "POST",
+                netpols,
+                {
+                    "metadata": {"name": f"p{i}", "ownerReferences": [owner]},
+                    "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": []},
+                },
+            )
+            for i in range(tenancy.HUB_POLICIES - hubs + 2)
+        ]
+        assert all(a[0] == 201 for a in answers[:-1]), answers
+        refused(answers[-1], "exceeded quota")
     finally:
         k8s_plane.request("DELETE", f"/api/v1/namespaces/{carl}")
 
@@ -607,6 +712,14 @@ def test_the_hubs_token_writes_only_in_tenant_namespaces(k8s_plane, users):
     live["metadata"].setdefault("labels", {})[tenancy.L_TENANT] = "true"
     refused(call(k8s_plane, token, "PUT", "/api/v1/namespaces/kube-system", live), "only user namespaces")
     assert tenancy.L_TENANT not in k8s_plane.get("/api/v1/namespaces/kube-system")["metadata"]["labels"]
+    # a leaked hub token reads no Secret: not kube-system's, not a user's (job tokens), not the cluster's
+    # (admission sees no reads: RBAC alone keeps them). The hub reads none; it read all of them before
+    for path in (
+        "/api/v1/secrets",
+        "/api/v1/namespaces/kube-system/secrets",
+        f"/api/v1/namespaces/{users['ann']}/secrets",
+    ):
+        assert call(k8s_plane, token, "GET", path)[0] == 403, path
     # its own work still goes through: a pod in a user namespace
     ann = users["ann"]
     nb = {

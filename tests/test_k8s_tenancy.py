@@ -67,6 +67,7 @@ DEFAULT_CAPS = {
     "count/jobs.batch": "48",
     "services": "64",
     "secrets": "32",
+    "count/networkpolicies.networking.k8s.io": "19",
     "persistentvolumeclaims": "4",
     "requests.storage": str(100 * 2**30),
     "requests.ephemeral-storage": str(100 * 2**30),
@@ -137,8 +138,11 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "runtimeClasses": "",
         "dataClaims": "",
         "readOnlyClaims": "",
+        "maxTasks": "20",
     }
     assert objs[4]["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    # the quota's NetworkPolicy cap leaves room for the hub's own beside the jobs'
+    assert sum(o["kind"] == "NetworkPolicy" for o in objs) == tenancy.HUB_POLICIES
     assert objs[6]["metadata"]["name"] == "tfdist-default-egress"  # tests/test_k8s_egress.py
     rules = objs[8]["rules"]
     verbs = {(r["apiGroups"][0], res): set(r["verbs"]) for r in rules for res in r["resources"]}

@@ -65,3 +65,16 @@ def test_allreduce_workers_read_the_same_policy() -> None:
     job = ar.worker_job(spec, None)
     assert job is not None
     assert job["spec"]["backoffLimit"] == RestartPolicy.for_spec(spec).limit("worker") == 0
+
+
+def test_the_admission_policys_retry_caps_admit_the_restart_policys_limits():
+    """hub_config/admission-policy.yaml bounds a user's Job retries (each failed pod stays until its Job is
+    deleted): the caps it writes must admit what the Kubernetes backend asks for."""
+    import re
+    from pathlib import Path
+
+    from tfdist.job.restart import PS_RESTARTS, WORKER_RESTARTS
+
+    text = (Path(__file__).resolve().parent.parent / "hub_config" / "admission-policy.yaml").read_text()
+    [per_index] = {int(n) for n in re.findall(r"backoffLimitPerIndex <= (\d+)", text)}
+    assert max(WORKER_RESTARTS, PS_RESTARTS) <= per_index

@@ -6,8 +6,8 @@ namespace that holds their notebook pods and their `%%tfdist` jobs, and in it:
 
 * a ResourceQuota: GPUs per model resource (the profile's ``max_gpus_per_user`` covers the notebook and
   the jobs together; 0 for every GPU resource the profile does not offer), CPU, memory, local disk,
-  volume claims and object counts (pods, Jobs, Services, Secrets) from the profile's ``jobs`` block, whose
-  defaults are caps too: nothing a user creates is unbounded;
+  volume claims and object counts (pods, Jobs, Services, Secrets, NetworkPolicies) from the profile's
+  ``jobs`` block, whose defaults are caps too: nothing a user creates is unbounded;
 * a LimitRange, so job pods without ``--cpu``/``--memory`` still count against the quota;
 * the notebook's ServiceAccount with a Role of exactly the verbs the Kubernetes backend uses (no patch, no
   get/list of Secrets: it may delete only the job Secrets it names);
@@ -114,6 +114,8 @@ class TenantPolicy:
     jobs_quota: int | None = 48  # batch Jobs: a %%tfdist job has 2 or 3
     services_quota: int | None = 64
     secrets_quota: int | None = 32
+    #: a job's own ingress policies (one each); the hub's own (HUB_POLICIES) are added to the quota's cap
+    policies_quota: int | None = 16
     pvcs_quota: int | None = 4
     storage_quota_bytes: int | None = 100 * 2**30  # requests.storage of the claims
     ephemeral_quota_bytes: int | None = 100 * 2**30  # requests and limits of local disk
@@ -177,6 +179,9 @@ def owned_by(live: dict[str, Any], p: TenantPolicy) -> bool:
     return labels.get(L_TENANT) == "true" and labels.get(kn.L_USER) == kn.user_label(p.user)
 
 
+HUB_POLICIES = 3  # the default deny, the notebook's ingress and the egress limits (tenant_objects)
+
+
 def resource_quota(p: TenantPolicy) -> dict[str, Any]:
     hard: dict[str, str] = {f"requests.{r}": str(n) for r, n in sorted(p.gpu_quota.items())}
     if p.cpu_quota is not None:
@@ -189,6 +194,9 @@ def resource_quota(p: TenantPolicy) -> dict[str, Any]:
         "count/jobs.batch": p.jobs_quota,
         "services": p.services_quota,
         "secrets": p.secrets_quota,
+        "count/networkpolicies.networking.k8s.io": (
+            None if p.policies_quota is None else p.policies_quota + HUB_POLICIES
+        ),
         "persistentvolumeclaims": p.pvcs_quota,
         "requests.storage": p.storage_quota_bytes,
         "requests.ephemeral-storage": p.ephemeral_quota_bytes,
@@ -310,6 +318,8 @@ def policy_params(p: TenantPolicy) -> dict[str, Any]:
             "runtimeClasses": "\n".join(p.runtime_classes),
             "dataClaims": "\n".join(sorted({m.claim for m in p.data_volumes})),
             "readOnlyClaims": "\n".join(sorted({m.claim for m in p.data_volumes if m.read_only})),
+            # a Job's tasks (its parallelism, = completions): no more than the namespace may run at once
+            "maxTasks": "" if p.pods_quota is None else str(p.pods_quota),
         },
     }
 
