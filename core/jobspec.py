@@ -115,6 +115,14 @@ def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
             )
         if spec.checkpoint_every is not None:
             raise JobSpecError("--checkpoint-every is for --strategy ps jobs (a lost PS resumes from it)")
+        if spec.detach and spec.backend == "kubernetes" and spec.gpus_per_worker > 0:
+            # replica 0 is the job's agent pod too, and keeps the results until they are taken: its GPUs
+            # would stay allocated after the fit, for up to the retention, with nobody training
+            raise JobSpecError(
+                "--detach does not go with --strategy allreduce and GPUs on Kubernetes: replica 0 keeps "
+                "the results for %tfdist attach and would hold its GPUs until then; run it attached, or "
+                "detach a --strategy ps job (its results wait in a pod without GPUs)"
+            )
     elif spec.ps < 1:
         raise JobSpecError(f"--ps must be at least 1 (got {spec.ps}): parameter-server training needs one")
     if spec.workers + spec.ps > MAX_TASKS:

@@ -34,8 +34,17 @@ from .busy import stay_busy
 from .cellcheck import SHELL_NAMES, CellCheck
 from .follow import JobFollower
 from .jobcmds import LIST_HEADER, JobCommands, list_row
-from .monitor import make_monitor
+from .monitor import TextMonitor, WidgetMonitor, make_monitor
 from .stall import StallWatch
+
+
+async def _stop_if_claimed(backend: Backend, name: str) -> None:
+    """After an interrupted submit: stop the job of `name` only if that submit got past its name check
+    (before it, a job of that name is another's: a detached one, another kernel's). Run on the portal's loop,
+    after the submit's cancellation there: a cancelled submit claims nothing more."""
+    if backend.claims(name):
+        await backend.stop(name, Reason.INTERRUPTED.value)
+
 
 USAGE = """\
 %%tfdist run [--workers N] [--ps N] [--gpus-per-worker N] [--cpu C] [--memory M] [--backend B]
@@ -137,7 +146,7 @@ class TfdistMagics(CellCheck, JobFollower, JobCommands, Magics):
         except TfdistError:
             raise  # refused: nothing of this job exists (and a same-named job of before must be left alone)
         except BaseException as exc:  # interrupted mid-submit: the backend undid its part; make sure of it
-            self.portal.call(backend.stop(spec.name, Reason.INTERRUPTED.value), timeout=60)
+            self.portal.call(_stop_if_claimed(backend, spec.name), timeout=60)
             if isinstance(exc, KeyboardInterrupt):
                 raise CellInterrupted(
                     f"tfdist job {spec.name} interrupted while starting; nothing is left"
@@ -147,10 +156,12 @@ class TfdistMagics(CellCheck, JobFollower, JobCommands, Magics):
             print(detach.started(spec.name, backend.retention()))
             return
         view = JobView(name=spec.name, user=spec.user, backend=spec.backend, total_tasks=spec.task_count)
-        monitor = make_monitor(view)
-        # the live monitor's output is replaced by the run's picture at the end: one chart, not two
-        handle = display(monitor.widget, display_id=True) if hasattr(monitor, "widget") else None
-        try:
+        monitor: WidgetMonitor | TextMonitor | None = None
+        handle = None
+        try:  # from here on the job exists: an interrupt while the chart loads must stop it too
+            monitor = make_monitor(view)
+            # the live monitor's output is replaced by the run's picture at the end: one chart, not two
+            handle = display(monitor.widget, display_id=True) if hasattr(monitor, "widget") else None
             self._follow(backend, view, monitor, StallWatch(stall_s))
         except BaseException as exc:  # an interrupt, or any failure here: the job must not outlive the cell
             interrupted = isinstance(exc, KeyboardInterrupt)
@@ -160,6 +171,8 @@ class TfdistMagics(CellCheck, JobFollower, JobCommands, Magics):
             if not view.finished:
                 message = reason.sentence() if interrupted else f"{reason.sentence()}: {exc}"
                 view.apply(StateEvent(state=JobState.STOPPED, reason=reason, message=message[:65536]))
+            if monitor is None:
+                monitor = TextMonitor(view)
             self._refresh(monitor, view)
             self._leave_picture(handle, monitor, view)
             if interrupted:

@@ -361,7 +361,12 @@ class TextMonitor:
 
 
 def make_monitor(view: JobView) -> WidgetMonitor | TextMonitor:
+    """The live chart, or text lines where it cannot be drawn: the job is running by now, and a broken
+    widget install (bqplot and ipywidgets that do not match) must not leave it unfollowed."""
     try:
         return WidgetMonitor(view)
     except ImportError:
+        return TextMonitor(view)
+    except Exception as exc:
+        print(f"tfdist: the live chart cannot be drawn ({type(exc).__name__}: {exc}); following in text")
         return TextMonitor(view)

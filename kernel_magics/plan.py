@@ -26,6 +26,7 @@ from IPython.display import HTML, Image, display
 
 from .. import advisor, payload
 from ..errors import TfdistError
+from ..runtime.deathsig import die_with_parent
 from ..runtime.netns import IsolationUnavailable, isolation_prefix
 from ..runtime.probe import ProbeResult
 from ..settings import ENV_NETNS, KernelSettings
@@ -212,6 +213,9 @@ def measure(
                 capture_output=True,
                 text=True,
                 timeout=PROBE_TIMEOUT_S,
+                # a kernel SIGKILLed mid-plan takes its probe along (its helpers die with the probe), which
+                # ran on, maybe on a GPU, with the notebook's model and data
+                preexec_fn=die_with_parent(),
             )
         except subprocess.TimeoutExpired:
             raise TfdistError(

@@ -57,11 +57,16 @@ class LocalServerState:
             self.pid = 0
             return
         if not ProcessId(self.pid, float(started), boot).alive():
-            # the server is gone and its PID may now be someone else's process: never adopt (or signal) it
+            # the server is gone and its PID may now be someone else's process: never adopt (or signal) it.
+            # What it left in its cgroup (a detached job runs in a session of its own) ends now: its GPUs
+            # are free for the next spawn from here on
             self.log.warning(
                 "tfdist: %s's saved server pid %s is not that server any more", self.tfdist_owner, self.pid
             )
             self.pid = 0
+            leftover = self._tfdist_saved_cgroup(state.get("tfdist_cgroup"))
+            if leftover is not None:
+                CgroupV2.remove_path(leftover)
             return
         # even for a server that died meanwhile: release (clear_state) then ends what is left in the cgroup
         self._tfdist_cgroup_path = self._tfdist_saved_cgroup(state.get("tfdist_cgroup"))

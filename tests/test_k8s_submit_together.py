@@ -135,3 +135,35 @@ async def test_a_refused_resume_deletes_everything_even_what_already_runs(k8s_pl
         await wait_gone(k8s_plane, k8s_namespace, "half", 60)
     finally:
         await b.close()
+
+
+async def test_a_root_a_dead_submit_never_resumed_is_swept_by_the_next_submit(
+    k8s_plane, k8s_namespace, monkeypatch
+):
+    """The kernel SIGKILLed between the root's creation and its resume: the suspended root never starts,
+    so its deadline (the lifeline) never fires, and it held its name and the quota's counts until the
+    notebook's pod went. The next submit of the user deletes it (here: any age; 120 s in the product);
+    a root that was resumed, and another user's, are left alone."""
+    from tfdist.backends import kubesubmit
+    from tfdist.kube import manifests as mf
+
+    ns = k8s_namespace
+    b = backend(k8s_plane, ns)
+    other = backend(k8s_plane, ns, USER="bob")
+    try:
+        dead = mf.root_job(spec("dead", ns, image="img:1"), None, suspend=True)
+        k8s_plane.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", dead)
+        bobs = mf.root_job(spec("bobs", ns, user="bob", image="img:1"), None, suspend=True)
+        k8s_plane.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", bobs)
+        await b.submit(spec("alive", ns, workers=1, ps=1), b"p", Launch())  # resumed: not a leftover
+        monkeypatch.setattr(kubesubmit, "UNRESUMED_AFTER_S", 0.0)
+        await b.submit(spec("next", ns, workers=1, ps=1), b"p", Launch())
+        assert get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs/dead") is None
+        assert get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs/bobs") is not None
+        assert get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs/alive") is not None
+    finally:
+        for name in ("alive", "next"):
+            await b.stop(name)
+        await other.stop("bobs")
+        await b.close()
+        await other.close()

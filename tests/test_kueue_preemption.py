@@ -442,3 +442,56 @@ async def test_a_notebook_admitted_while_its_queue_borrows_stays_its_job_goes(kp
                 kp.request("DELETE", f"/api/v1/namespaces/{ANN}/pods/{nb}")
         await a.close()
         await b.close()
+
+
+@pytest.mark.k8s
+async def test_a_job_stopped_while_it_waits_to_go_back_in_line_is_not_submitted_again(
+    kp, monkeypatch, tmp_path
+):
+    """Preempted, its cell waits for the evicted run's objects to go before submitting it again; the user
+    interrupts the cell (or presses Stop) meanwhile. It was submitted again all the same: a new job on GPUs,
+    its lifeline renewed by the live kernel, its results never taken. The verdict stands in for Kueue's
+    (test above); the wait is held open until the stop is in."""
+    from tfdist.backends import kubewatch
+    from tfdist.job.events import ErrorInfo, StateEvent
+
+    a = backend(kp, ANN, QA, str(tmp_path))
+    in_wait, go_on = asyncio.Event(), asyncio.Event()
+    real = kubewatch.workload_of
+
+    async def held(api, ns, name):
+        in_wait.set()
+        await go_on.wait()
+        return await real(api, ns, name)
+
+    try:
+        await a.submit(spec("again", ANN, workers=1, ps=1, gpus_per_worker=1), b"p", Launch())
+        # a checkpoint the kernel kept for it (model weights): handed back at the resubmit, or dropped
+        kept = checkpoints.kept_path(str(tmp_path), ANN, "again", checkpoints.payload_digest(b"p"))
+        write_checkpoint(tmp_path / "pod-ckpt", 40, epoch=2)
+        os.makedirs(os.path.dirname(kept), exist_ok=True)
+        ckptbundle.pack(str(tmp_path / "pod-ckpt"), kept)
+        monkeypatch.setattr(kubewatch, "workload_of", held)
+        verdict = StateEvent(
+            state=JobState.FAILED,
+            message="preempted by Kueue",
+            error=ErrorInfo(type="Preempted", message="preempted by Kueue", reason=Reason.PREEMPTED),
+        )
+        back = asyncio.ensure_future(a._resubmit("again", verdict))
+        await asyncio.wait_for(in_wait.wait(), 60)
+        await a.stop("again", Reason.INTERRUPTED)  # the cell's interrupt, as kernel_magics sends it
+        go_on.set()
+        said = await asyncio.wait_for(back, 120)
+        assert said.state == JobState.STOPPED and "not submitted again" in said.message, said
+        root = f"/apis/batch/v1/namespaces/{ANN}/jobs/again"
+        await until(
+            "the evicted run gone", lambda: kp.get(root) is None and not job_pods(kp, ANN, "again"), 60
+        )
+        await asyncio.sleep(3)  # and no new run appears
+        assert kp.get(root) is None and not job_pods(kp, ANN, "again")
+        assert not os.listdir(os.path.dirname(kept)), "the stopped job's checkpoint stayed behind"
+    finally:
+        go_on.set()
+        with contextlib.suppress(Exception):
+            await a.stop("again")
+        await a.close()

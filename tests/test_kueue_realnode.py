@@ -78,6 +78,7 @@ CELL = (
 )
 TIMES: dict[str, float] = {}
 WL = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads/{job}"
+WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/workloads"  # every namespace's, in one answer
 
 
 def cell(name: str, workers: int = 1) -> str:
@@ -256,10 +257,19 @@ class PodSampler:
         while not self._stop.is_set():
             s = Sample(time.monotonic(), {})
             try:
+                if self.workloads:
+                    # every job's Workload from one list: one revision of the store. Read one by one, a
+                    # sample could hold the first job's Workload from before it finished and the second's
+                    # from after it was admitted (CI on f18cf32: "both jobs hold the quota"), a moment
+                    # that never was
+                    listed = self.cluster.get(WORKLOADS) or {}
+                    by_key = {
+                        (w["metadata"]["namespace"], w["metadata"]["name"]): w for w in listed.get("items", [])
+                    }
+                    for key in self.jobs:
+                        wl = by_key.get(key, {})
+                        s.workload[key] = (ql.is_admitted(wl), ql.is_finished(wl))
                 for ns, job in self.jobs:
-                    if self.workloads:
-                        wl = self.cluster.get(WL.format(ns=ns, job=job)) or {}
-                        s.workload[(ns, job)] = (ql.is_admitted(wl), ql.is_finished(wl))
                     s.pods[(ns, job)] = mf_pods(self.cluster, ns, job)
             except Exception:  # one failed poll: the next one counts
                 self._stop.wait(0.25)

@@ -121,6 +121,32 @@ def test_kernel_killed_mid_fit_leaves_nothing(tmp_path):
         k.shutdown()
 
 
+def test_kernel_killed_mid_plan_leaves_no_probe(tmp_path):
+    """`%%tfdist plan` measures in a probe subprocess (TensorFlow servers, trials, maybe a GPU, the
+    notebook's model and data): a kernel SIGKILLed meanwhile left it running to its end."""
+    state = str(tmp_path / "state")
+    k = Kernel(kernel_env(state, TFDIST_POOL_ON_LOAD="0"), cwd=str(tmp_path))
+    try:
+        from tests.conftest import SETUP_CODE
+
+        assert k.execute(SETUP_CODE, timeout=180).error is None
+        k.execute_in_background("%%tfdist plan --workers 2\nhistory = model.fit(train_ds, epochs=1)\n", 300)
+        deadline = time.monotonic() + 60
+        probes: list[psutil.Process] = []
+        while not probes and time.monotonic() < deadline:
+            probes = [p for p in job_processes() if "tfdist.runtime.probe" in " ".join(p.cmdline())]
+            time.sleep(0.2)
+        assert probes, "the plan's probe never started"
+        os.kill(k.pid, signal.SIGKILL)
+        assert wait_gone([p.pid for p in probes], 10) == [], "the probe outlived its kernel by 10 s"
+        deadline = time.monotonic() + 10
+        while job_processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert job_processes() == [], "the probe's helpers outlived it"
+    finally:
+        k.shutdown()
+
+
 def test_worker_killed_mid_fit_the_fit_completes(tf_kernel):
     th, box = tf_kernel.execute_in_background(
         "%%tfdist run --name lose-worker\nhistory = model.fit(train_ds, epochs=12, steps_per_epoch=40)\n",
@@ -156,3 +182,48 @@ def test_coordinator_error_shows_the_cells_line_and_cleans_up(tf_kernel):
     assert "ZeroDivisionError" in err
     assert "cell, line 4" in err and "ratio = n / (n - 3)" in err  # the cell's own line numbering
     assert not job_processes()
+
+
+def test_an_interrupt_while_the_chart_loads_stops_the_job(tf_kernel):
+    """The job exists once submit returns; the live chart loads after it (bqplot and ipywidgets, slow the
+    first time in a kernel). An interrupt that lands there (stood for by a make_monitor that raises it) ended
+    the cell and left the job training on, held by the kernel's lifeline with nobody to take its results."""
+    patch = (
+        "import tfdist.kernel_magics.magics as _m\n"
+        "_m._real_make_monitor = _m.make_monitor\n"
+        "def _interrupted(view):\n"
+        "    raise KeyboardInterrupt\n"
+        "_m.make_monitor = _interrupted\n"
+    )
+    assert tf_kernel.execute(patch).error is None
+    try:
+        r = tf_kernel.execute(LONG_FIT.format(name="chartload"), timeout=300)
+        assert r.error and r.error["ename"] == "KeyboardInterrupt", r.error_text + r.text
+        assert r.error["evalue"] == "tfdist job chartload interrupted; all its processes were ended"
+        deadline = time.monotonic() + 15
+        while job_processes() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert job_processes() == [], "the job outlived the interrupted cell"
+    finally:
+        tf_kernel.execute("_m.make_monitor = _m._real_make_monitor")
+
+
+def test_a_chart_that_cannot_be_drawn_follows_the_job_in_text(tf_kernel):
+    """bqplot and ipywidgets that do not match (an error other than ImportError): the job is running by
+    then, so the cell follows it in text and still hands back its results."""
+    patch = (
+        "from tfdist.kernel_magics import monitor as _mon\n"
+        "_real_init = _mon.WidgetMonitor.__init__\n"
+        "def _broken(self, view):\n"
+        "    raise RuntimeError('widget model version mismatch')\n"
+        "_mon.WidgetMonitor.__init__ = _broken\n"
+    )
+    assert tf_kernel.execute(patch).error is None
+    try:
+        cell = "%%tfdist run --name textonly\nhistory = model.fit(train_ds, epochs=2, steps_per_epoch=3)\n"
+        r = tf_kernel.execute(cell, timeout=300)
+        assert r.error is None, r.error_text
+        assert "the live chart cannot be drawn (RuntimeError: widget model version mismatch)" in r.text
+        assert tf_kernel.execute("print(len(history.history['loss']))").text.strip() == "2"
+    finally:
+        tf_kernel.execute("_mon.WidgetMonitor.__init__ = _real_init")

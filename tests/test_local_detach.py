@@ -10,6 +10,7 @@ sentence; expired jobs are deleted by the next use of the backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -207,3 +208,81 @@ def test_expired_detached_jobs_are_deleted_by_the_next_use_of_the_backend(tmp_pa
         asyncio.run(backend.fetch_result("kept"))
     assert backend.expire(now=ended + 999) == []
     assert backend.expire(now=ended + 1001) == ["kept"]
+
+
+def test_a_new_job_of_the_same_name_does_not_delete_results_nobody_has_taken(tmp_path):
+    """`%%tfdist run --detach --name a` ended; a later `%%tfdist run --name a` deleted its directory, the
+    unclaimed results with it (Kubernetes refuses the name while the root is there). Refused now, naming the
+    way out; once the results are taken, the name is free again."""
+    from tfdist.backends.base import Launch
+    from tfdist.jobspec import JobSpec
+
+    state = tmp_path / "state"
+    backend = LocalBackend(str(state), isolation="none")
+    d = state / "a"
+    (d / "logs").mkdir(parents=True)
+    (d / "spec.json").write_text(json.dumps({"name": "a", "user": "me", "detach": True}))
+    ended = time.time() - 5
+    (d / "state.json").write_text(json.dumps({"state": "succeeded", "ended": ended, "created": ended - 9}))
+    (d / "result.bin").write_bytes(b"weights")
+    (d / "detached.json").write_text(json.dumps({"retention_s": 1000, "uid": os.getuid()}))
+    again = JobSpec(name="a", user="me")
+    with pytest.raises(JobSpecError, match="the detached job 'a' has results nobody has taken yet"):
+        asyncio.run(backend.submit(again, b"payload", Launch()))
+    assert (d / "result.bin").read_bytes() == b"weights"
+    asyncio.run(backend.attach("a"))
+    assert asyncio.run(backend.fetch_result("a")) == b"weights"
+    assert not backend._results_waiting("a")  # taken: a new job may have the name
+
+
+def test_a_detached_job_ends_with_the_notebook_server_that_started_it(tmp_path):
+    """A detached job outlives its kernel, not its server. Where the hub has no cgroup for the server (its
+    watchdog knows the server's tree only as last seen, and the job runs in a session of its own) nothing
+    ended it once the server was gone: it ran on, holding GPUs the hub had handed out again."""
+    import subprocess
+    import sys
+
+    from tfdist import memfit
+    from tfdist.backends.base import Launch
+    from tfdist.job.vocab import JobState, Reason
+    from tfdist.jobspec import JobSpec
+    from tfdist.payload import pack
+
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    state = str(tmp_path / "state")
+    backend = LocalBackend(state)
+    spec = JobSpec(name="orphaned", user="me", workers=1, ps=1, detach=True)
+    cell = "import time\nwhile True:\n    time.sleep(0.2)\n"
+    loop = asyncio.new_event_loop()
+    try:
+        launch = Launch(env={memfit.SERVER_PID_ENV: str(server.pid)})
+        loop.run_until_complete(backend.submit(spec, pack(cell, [], {}), launch))
+        deadline = time.time() + 180
+        while loop.run_until_complete(backend.status("orphaned")).state != JobState.RUNNING:
+            assert time.time() < deadline, "the job never ran"
+            time.sleep(0.5)
+        pids = job_pids(state, "orphaned")
+        # another kernel's cell of the same name, interrupted: refused by the name check, it claims nothing,
+        # and the interrupt's clean-up leaves this job alone (it stopped it by name before)
+        from tfdist.kernel_magics.magics import _stop_if_claimed
+
+        other = LocalBackend(state)
+        with pytest.raises(JobSpecError, match="already running"):
+            loop.run_until_complete(other.submit(spec, pack(cell, [], {}), launch))
+        assert not other.claims("orphaned") and backend.claims("orphaned")
+        loop.run_until_complete(_stop_if_claimed(other, "orphaned"))
+        time.sleep(3)
+        assert not loop.run_until_complete(
+            backend.status("orphaned")
+        ).finished  # the server lives: it goes on
+        server.kill()
+        server.wait()
+        view = wait_finished(backend, "orphaned", 60)
+        assert view.reason == Reason.SIGNALLED, (view.reason, view.message)
+        assert "the notebook server that started it is gone" in view.message, view.message
+        assert wait_gone(pids, 15) == [], "the job outlived its server"
+    finally:
+        server.kill()
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(backend.stop("orphaned"))
+        loop.close()

@@ -323,6 +323,24 @@ async def test_load_state_restores_cgroup(fresh_hub_objects: CorePicker, tmp_pat
         _end(server)
 
 
+async def test_a_server_that_died_while_the_hub_was_down_leaves_nothing_in_its_cgroup(
+    fresh_hub_objects: CorePicker, tmp_path: Path
+) -> None:
+    """The server died while the hub was down; a detached job of it (a session of its own) still runs in
+    its cgroup. Its GPUs were left to the next spawn and nothing ended that job, which kept using them."""
+    server = _sleeper()
+    saved = {**saved_process(ProcessId.of(server.pid)), "tfdist_gpus": [0, 1]}
+    _end(server)
+    cgroup = tmp_path / CgroupV2.name_for("alice/")
+    cgroup.mkdir()
+    (cgroup / "cgroup.kill").write_text("0")
+    sp = _spawner()
+    sp.load_state({**saved, "tfdist_cgroup": str(cgroup)})
+    assert sp.pid == 0 and sp.tfdist_allocator().held_by("alice/") == []
+    assert (cgroup / "cgroup.kill").read_text() == "1", "what the dead server left runs on"
+    sp.clear_state()
+
+
 async def test_load_state_ignores_a_foreign_cgroup_path(
     fresh_hub_objects: CorePicker, tmp_path: Path
 ) -> None:

@@ -66,6 +66,11 @@ def test_task_count_and_ps_defaults():
         ({"checkpoint_every": -3}, "--checkpoint-every must be a positive number of steps"),
         ({"checkpoint_every": 2.5}, "--checkpoint-every must be a positive number of steps"),
         ({"checkpoint_every": True}, "--checkpoint-every must be a positive number of steps"),
+        # replica 0 is the agent pod that keeps a detached job's results: its GPUs would stay held
+        (
+            {"strategy": "allreduce", "ps": 0, "gpus_per_worker": 1, "detach": True, "backend": "kubernetes"},
+            "--detach does not go with --strategy allreduce and GPUs on Kubernetes",
+        ),
     ],
 )
 def test_bad_strategy_specs(kw, message):
@@ -77,6 +82,22 @@ def test_allreduce_is_accepted_on_both_backends():
     for backend in ("local", "kubernetes"):
         spec = JobSpec(name="job", user="u", backend=backend, strategy="allreduce", ps=0, workers=3)
         assert validate(spec, 0).task_count == 3
+
+
+def test_detached_allreduce_without_gpus_or_locally_is_accepted():
+    """Locally a server's GPUs are its own whatever its jobs do (no quota or queue counts them per job); on
+    Kubernetes without GPUs replica 0's pod holds only its CPU while the results wait."""
+    for backend, gpus in (("local", 1), ("kubernetes", 0)):
+        spec = JobSpec(
+            name="job",
+            user="u",
+            backend=backend,
+            strategy="allreduce",
+            ps=0,
+            gpus_per_worker=gpus,
+            detach=True,
+        )
+        assert validate(spec, 2).detach
 
 
 def test_checkpoint_every_is_accepted_on_both_backends():

@@ -33,6 +33,19 @@ class Launch:
 class Backend(abc.ABC):
     name: str = "abstract"
 
+    # ---- whose job a name is, for a submit that was interrupted: stopping "the job of that name" before
+    # the submit's own name check had passed would stop another job of that name (a detached one, another
+    # kernel's); after it, a job of that name is this submit's
+    def _unclaim(self, name: str) -> None:
+        self.__dict__.setdefault("_claimed", set()).discard(name)
+
+    def _claim(self, name: str) -> None:
+        self.__dict__.setdefault("_claimed", set()).add(name)
+
+    def claims(self, name: str) -> bool:
+        """This backend's last submit of `name` got past its name check: a job of that name is its own."""
+        return name in self.__dict__.get("_claimed", ())
+
     @abc.abstractmethod
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
         """Start the job; return once it exists (not once it runs), a detached one once it no longer needs

@@ -28,7 +28,7 @@ from ..job.vocab import JobState, Reason
 from ..jobrecords import JobSummary
 from ..jobspec import JobSpec
 from ..jobview import JobView
-from ..kube import lifeline, records
+from ..kube import checkpoints, lifeline, records
 from ..kube import names as kn
 from ..kube import podtemplate as pt
 from ..kube import status as st
@@ -91,6 +91,10 @@ class KubernetesBackend(KubeSubmit, KubeWatch, KubeDetachedJobs, KubeJobWork, Ba
             if job.agent is not None:
                 await job.agent.close()
         self._forget(name)
+        if reason != Reason.PREEMPTED:  # a preempted job's checkpoint goes back with it (kubewatch)
+            # what the kernel kept of its checkpoints (model weights, up to 512 MiB each): a stopped
+            # job's are of no use to anyone, and its name (random by default) is never seen again
+            checkpoints.drop(self.settings.state_dir, self.namespace, name)
         return await self.kube.delete("Job", name, self.namespace)
 
     async def status(self, name: str) -> JobView:

@@ -38,6 +38,7 @@ from .kubework import KubeJob
 
 # a job refused for quota that this user's ending jobs still hold waits this long for them to let go
 QUOTA_RELEASE_WAIT_S = 90.0
+UNRESUMED_AFTER_S = 120.0  # a root still suspended this long after its creation: a dead submit's leftover
 T = TypeVar("T")
 
 
@@ -65,7 +66,36 @@ class KubeSubmit:
         async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool: ...
         def retention(self) -> dt.Retention: ...
 
+    async def _sweep_unresumed(self) -> list[str]:
+        """Delete this user's roots that a submit created and never resumed (its kernel SIGKILLed between
+        the two, a rollback whose deletes failed): a suspended Job never starts, so its deadline (the
+        lifeline) never fires, and it held the name, the quota's counts and its objects until the
+        notebook's pod went. Every submit resumes its Jobs within seconds of creating them, and Kueue's pod
+        groups leave Jobs unsuspended: a root still suspended, never started, after UNRESUMED_AFTER_S is
+        such a leftover. Errors are swallowed (the submit's own checks say what matters)."""
+        sel = f"{kn.L_ROOT}=true,{kn.L_USER}={kn.user_label(self.settings.user)}"
+        try:
+            roots = await self.kube.list_job_objects(self.namespace, sel)
+        except Exception:
+            return []
+        gone = []
+        now = time.time()
+        for r in roots:
+            meta, status = r.get("metadata") or {}, r.get("status") or {}
+            name = meta.get("name") or ""
+            if not (r.get("spec") or {}).get("suspend") or status.get("startTime") or name in self._jobs:
+                continue
+            created = _timestamp(meta.get("creationTimestamp"))
+            if created is None or now - created < UNRESUMED_AFTER_S or meta.get("deletionTimestamp"):
+                continue
+            with contextlib.suppress(Exception):
+                await self.kube.delete("Job", name, self.namespace)
+                gone.append(name)
+        return gone
+
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
+        self._unclaim(spec.name)
+        await self._sweep_unresumed()
         spec = dataclasses.replace(
             spec,
             user=self.settings.user,  # the backend's identity labels the objects, not the caller's word
@@ -108,6 +138,7 @@ class KubeSubmit:
         await first_refusal(
             self._check_name(spec), self._check_queue(spec, build, root), self._check_quota(spec)
         )
+        self._claim(spec.name)
         created: list[dict[str, Any]] = []
         # All or nothing, also when the cell is interrupted half-way (CancelledError): the clean-up is
         # shielded from the cancellation that triggered it. Every Job is created suspended and all of them
@@ -322,3 +353,15 @@ async def all_then_first_error(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
         if isinstance(r, BaseException):
             raise r
     return list(got)  # type: ignore[arg-type]
+
+
+def _timestamp(value: Any) -> float | None:
+    """An API timestamp (an RFC 3339 string, or the datetime the client made of it) in epoch seconds."""
+    from datetime import datetime
+
+    if isinstance(value, datetime):
+        return value.timestamp()
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

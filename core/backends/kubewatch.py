@@ -110,7 +110,7 @@ class KubeWatch:
                     while not q.empty():  # the evicted run's last words
                         q.get_nowait()
                     try:
-                        yield await self._resubmit(name, ev)
+                        back = await self._resubmit(name, ev)
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:
@@ -127,6 +127,9 @@ class KubeWatch:
                         self._finish(name)
                         checkpoints.drop(self.settings.state_dir, self.namespace, name)
                         yield ev
+                        return
+                    yield back
+                    if back.state.terminal:  # stopped while it waited to go back in line
                         return
                     workers = await sources()
                     continue
@@ -160,7 +163,7 @@ class KubeWatch:
         self._ended.discard(name)  # not ended: it comes back
         api = await self.kube.api()
         deadline = time.monotonic() + GONE_WAIT_S
-        while (
+        while name not in self._ended and (  # stopped meanwhile: nothing to wait for
             await self._root(name) is not None
             or await workload_of(api, self.namespace, name) is not None
             # the PS and worker Jobs go after the root (the garbage collector follows their owner reference):
@@ -170,7 +173,17 @@ class KubeWatch:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"its evicted objects were still there after {GONE_WAIT_S:g}s")
             await asyncio.sleep(0.5)
-        await self.submit(spec, payload, Launch())
+        if name not in self._ended:
+            await self.submit(spec, payload, Launch())
+        if name in self._ended:  # stopped meanwhile (an interrupted cell, the panel's Stop): not resubmitted,
+            await self.stop(name, Reason.STOPPED)  # and what a submit in flight made goes too
+            checkpoints.drop(self.settings.state_dir, self.namespace, name)
+            return StateEvent(
+                state=JobState.STOPPED,
+                t=time.time(),
+                reason=Reason.STOPPED,
+                message="preempted, then stopped before it was back in line: not submitted again",
+            )
         await preemption.mark_resubmitted(self.kube, self.namespace, name, resume)
         said = ev.error.message if ev.error is not None else ""
         queue = self.settings.kueue_queue or ""

@@ -103,6 +103,7 @@ class LocalBackend(DetachedJobs, Backend):
 
     # ------------------------------------------------------------------ submit
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
+        self._unclaim(spec.name)
         prefix = self._isolation_prefix()
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         os.chmod(self.state_dir, 0o700)
@@ -113,7 +114,14 @@ class LocalBackend(DetachedJobs, Backend):
                     f"a job named {spec.name!r} is already running: pick another --name or "
                     f"`%tfdist stop {spec.name}`"
                 )
+            if self._results_waiting(spec.name):  # a detached job's results: never deleted unasked
+                raise JobSpecError(
+                    f"the detached job {spec.name!r} has results nobody has taken yet: `%tfdist attach "
+                    f"{spec.name}` takes them; or pick another --name (they are kept until then, or until "
+                    "their retention has passed)"
+                )
             shutil.rmtree(d)
+        self._claim(spec.name)
         self._prune()
         os.makedirs(os.path.join(d, "logs"), mode=0o700)
         with open(os.path.join(d, "spec.json"), "w") as f:

@@ -181,6 +181,10 @@ class KubeApi:
         jobs = (await (await self.batch()).list_namespaced_job(ns, label_selector=selector)).items
         return [j.metadata.name for j in jobs]
 
+    async def list_job_objects(self, ns: str, selector: str) -> list[dict[str, Any]]:
+        answer = await (await self.batch()).list_namespaced_job(ns, label_selector=selector)
+        return (await self.to_dict(answer)).get("items") or []
+
     async def pod_log(self, ns: str, pod: str, tail: int | None = None) -> str:
         kw = {"tail_lines": tail} if tail else {}
         return await (await self.core()).read_namespaced_pod_log(pod, ns, **kw)

@@ -56,6 +56,7 @@ from tfdist.sampler import TaskSampler
 from tfdist.settings import TaskSettings
 
 TICK_S = 1.0
+SERVER_CHECK_S = 2.0  # a detached job checks that its notebook server is still there
 
 
 class Supervisor:
@@ -84,6 +85,8 @@ class Supervisor:
         self.memory = MemoryGuard(
             self.spec.memory_bytes, int(pid) if pid.isdigit() else None, self.pending_logs
         )
+        # the notebook server, as it is now (a PID alone may name another process later)
+        self.server = ProcessId.of(int(pid)) if pid.isdigit() else None
         self.lifeline = Lifeline()
         self.stopping = asyncio.Event()
         self.sampler = TaskSampler()
@@ -124,6 +127,24 @@ class Supervisor:
         self.sampler.forget(task)
 
     # ------------------------------------------------------------------ lifecycle
+    async def _server_watch(self) -> None:
+        """A detached job outlives its kernel, not its notebook server. Where the hub gives each server a
+        cgroup, the server's stop ends everything in it; without one (the hub's watchdog, which knows only
+        the server's process tree as last seen, or a server the hub does not run) nothing else would end
+        this job, which runs in a session of its own and holds the server's GPUs after they were handed
+        out again."""
+        if self.server is None:
+            return
+        while True:
+            await asyncio.sleep(SERVER_CHECK_S)
+            if not self.server.alive():
+                self.request_stop(
+                    f"{Reason.SIGNALLED.sentence()}: the notebook server that started it is gone "
+                    "(a detached job outlives its kernel, not its server)",
+                    Reason.SIGNALLED,
+                )
+                return
+
     def request_stop(self, reason: str, code: Reason = Reason.STOPPED) -> None:
         if self.stop_reason is None:
             self.stop_reason, self.stop_code = reason, code
@@ -174,6 +195,8 @@ class Supervisor:
         if not detached:
             budget = lambda: self.memory.last_budget  # noqa: E731
             bg.append(asyncio.ensure_future(self.lifeline.watch(self._deaths, budget, self._stop_for)))
+        else:
+            bg.append(asyncio.ensure_future(self._server_watch()))
         self.emit(StateEvent(state=JobState.STARTING, message="starting tasks"))
         outcome: Outcome
         try:
