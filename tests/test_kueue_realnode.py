@@ -263,9 +263,8 @@ class PodSampler:
                     # from after it was admitted (CI on f18cf32: "both jobs hold the quota"), a moment
                     # that never was
                     listed = self.cluster.get(WORKLOADS) or {}
-                    by_key = {
-                        (w["metadata"]["namespace"], w["metadata"]["name"]): w for w in listed.get("items", [])
-                    }
+                    items = listed.get("items", [])
+                    by_key = {(w["metadata"]["namespace"], w["metadata"]["name"]): w for w in items}
                     for key in self.jobs:
                         wl = by_key.get(key, {})
                         s.workload[key] = (ql.is_admitted(wl), ql.is_finished(wl))
