@@ -34,6 +34,13 @@ GUARD_SHARE = 0.94
 MARGIN_BYTES = 128 * MiB
 
 
+def server_pid() -> int:
+    """The notebook server this kernel belongs to: jupyter_client's JPY_PARENT_PID (the server that
+    started the kernel, through any wrapper such as `conda run`), else the kernel's parent."""
+    env = os.environ.get("JPY_PARENT_PID", "")
+    return int(env) if env.isdigit() and int(env) > 1 else os.getppid()
+
+
 @dataclass(frozen=True)
 class Budget:
     """The server's memory: its limit and what its processes (kernel, server, jobs) use now."""

@@ -13,7 +13,7 @@ A broken profiles file stops the hub here with "file: key: reason" lines (exit s
 import os
 
 from tfdist.settings import KubeHubSettings
-from tfdist.spawner.hubroles import confine_admins
+from tfdist.spawner.hubroles import shared_origin_warning
 from tfdist.spawner.profiles import load_profiles_or_exit
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
@@ -39,9 +39,10 @@ c.JupyterHub.named_server_limit_per_user = 3
 c.JupyterHub.consecutive_failure_limit = 5
 # GPU images are large: give the first pull time
 c.KubeSpawner.start_timeout = 600
-# users' servers share the hub's origin unless JupyterHub.subdomain_host is set: admins then do not open
-# them (a user's own script would run as the admin on the hub's origin; docs/security.md)
-confine_admins(c)
+# users' servers share the hub's origin unless JupyterHub.subdomain_host is set: an admin who opens one runs
+# its user's code as the admin (docs/security.md); said in the hub's log at every start
+if warning := shared_origin_warning(c):
+    print(warning)
 
 # ---- tfdist GPU admin service: GPU-idle culling (the profiles' gpu_admin section), the admin page at
 # /services/tfdist-gpu-admin/ and Prometheus metrics there (dashboard: grafana-gpu-dashboard.json).

@@ -46,6 +46,7 @@ class ServerRecord:
     last_cull_check: float = 0.0
     started: str | None = None  # the hub's start time of this server: a restart at the same URL is new
     gpus_given: int | None = None  # what the spawner gave it (None: not known); a report of more is refused
+    missed: int = 0  # reads of the hub's servers in a row that did not list it
 
     @property
     def key(self) -> str:

@@ -170,8 +170,14 @@ class GpuAdminState:
                         started=s.get("started"),
                         gpus_given=given if isinstance(given, int) and not isinstance(given, bool) else None,
                     )
-        for key in list(self.servers):
-            if key not in seen:
+        for key, rec in list(self.servers.items()):
+            if key in seen:
+                rec.missed = 0
+                continue
+            # gone from one read: a server that started or stopped between two of its pages shifts the
+            # offsets, and one user is missed. A record goes after two reads without it
+            rec.missed += 1
+            if rec.missed >= 2:
                 del self.servers[key]
         now = time.time()
         for rec in self.servers.values():

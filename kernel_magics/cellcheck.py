@@ -8,7 +8,6 @@ is one sentence that ends with "nothing was started". `TfdistMagics` mixes it in
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -114,7 +113,7 @@ class CellCheck:
 
     def _check_memory(self, spec: JobSpec) -> None:
         """Local tasks share this server's memory limit with the kernel: refuse a job that cannot fit."""
-        budget = memfit.server_budget(os.getppid())
+        budget = memfit.server_budget(memfit.server_pid())
         if budget is None:
             return
         if spec.memory_bytes and spec.memory_bytes > budget.limit:

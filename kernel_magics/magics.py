@@ -90,7 +90,7 @@ class TfdistMagics(CellCheck, JobFollower, JobCommands, Magics):
             return False
         try:
             local = self.backend("local")
-            return local.warm_up_first({memfit.SERVER_PID_ENV: str(os.getppid())})  # type: ignore[attr-defined]
+            return local.warm_up_first({memfit.SERVER_PID_ENV: str(memfit.server_pid())})  # type: ignore[attr-defined]
         except Exception:
             return False
 
@@ -140,8 +140,9 @@ class TfdistMagics(CellCheck, JobFollower, JobCommands, Magics):
             raise CellInterrupted("interrupted before the job started; nothing was started") from None
         stall_s = margs.run_parser(self.settings).parse_args(argv).stall_timeout
         backend = self.backend(spec.backend)
+        backend.unclaim(spec.name)  # an interrupt before the submit's first step finds no earlier claim
         try:
-            launch = Launch(gpus=gpus, cwd=os.getcwd(), env={memfit.SERVER_PID_ENV: str(os.getppid())})
+            launch = Launch(gpus=gpus, cwd=os.getcwd(), env={memfit.SERVER_PID_ENV: str(memfit.server_pid())})
             self.portal.call(backend.submit(spec, blob, launch))
         except TfdistError:
             raise  # refused: nothing of this job exists (and a same-named job of before must be left alone)

@@ -77,7 +77,7 @@ class KubeTenancyMixin:
             jobs_quota=None if jobs.jobs is None else 3 * jobs.jobs,
             services_quota=None if jobs.jobs is None else 4 * jobs.jobs,
             secrets_quota=None if jobs.jobs is None else jobs.jobs + 16,
-            policies_quota=jobs.jobs,
+            policies_quota=None if jobs.jobs is None else jobs.jobs + 16,
             pvcs_quota=jobs.volume_claims,
             storage_quota_bytes=None if jobs.storage_gib is None else int(jobs.storage_gib * 2**30),
             ephemeral_quota_bytes=None if jobs.local_disk_gib is None else int(jobs.local_disk_gib * 2**30),

@@ -90,3 +90,25 @@ def test_a_report_of_more_gpus_than_the_server_was_given_is_refused_saying_so():
     assert rec.overclaim(parse_report(one, NOW)) == "reports 1 GPUs, but the server was given 0"
     rec.gpus_given = None  # not known (an admin's own apply_user_options): not checked
     assert rec.overclaim(parse_report(one, NOW)) is None
+
+
+async def test_a_server_missing_from_one_read_of_the_hub_keeps_its_record(monkeypatch):
+    """Pages shift when a server starts or stops between two of them, and one user is missed: their record
+    (history, warning) survives one read without them and goes after the second."""
+    from tfdist.hubadmin.service import GpuAdminState
+
+    state = GpuAdminState(api_url="http://hub.invalid/hub/api", api_token="t", culling=None)
+    server = {"ready": True, "url": "/user/ann/", "started": "2026-12-04T10:00:00Z", "user_options": {}}
+    reads = [[{"name": "ann", "servers": {"": server}}], [], []]
+
+    async def active_users():
+        return reads.pop(0)
+
+    monkeypatch.setattr(state, "active_users", active_users)
+    await state.refresh()
+    rec = state.servers["ann/"]
+    rec.warned_cull_at = NOW + 60
+    await state.refresh()
+    assert state.servers.get("ann/") is rec and rec.warned_cull_at == NOW + 60
+    await state.refresh()
+    assert "ann/" not in state.servers

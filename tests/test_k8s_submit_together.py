@@ -155,14 +155,29 @@ async def test_a_root_a_dead_submit_never_resumed_is_swept_by_the_next_submit(
         k8s_plane.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", dead)
         bobs = mf.root_job(spec("bobs", ns, user="bob", image="img:1"), None, suspend=True)
         k8s_plane.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", bobs)
+        # resumed, then suspended again (the user's own update, or Kueue's): suspended, no start time, but
+        # written since its creation: not a dead submit's
+        paused = mf.root_job(spec("paused", ns, image="img:1"), None, suspend=True)
+        item = f"/apis/batch/v1/namespaces/{ns}/jobs/paused"
+        k8s_plane.request("POST", f"/apis/batch/v1/namespaces/{ns}/jobs", paused)
+        for suspend in (False, True):
+            for _ in range(10):  # the Job controller writes its status in between: read again on a conflict
+                live = get(k8s_plane, item)
+                live["spec"]["suspend"] = suspend
+                try:
+                    k8s_plane.request("PUT", item, live)
+                    break
+                except Exception:
+                    continue
         await b.submit(spec("alive", ns, workers=1, ps=1), b"p", Launch())  # resumed: not a leftover
         monkeypatch.setattr(kubesubmit, "UNRESUMED_AFTER_S", 0.0)
         await b.submit(spec("next", ns, workers=1, ps=1), b"p", Launch())
         assert get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs/dead") is None
         assert get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs/bobs") is not None
         assert get(k8s_plane, f"/apis/batch/v1/namespaces/{ns}/jobs/alive") is not None
+        assert get(k8s_plane, item)["spec"]["suspend"] is True  # still there, still paused
     finally:
-        for name in ("alive", "next"):
+        for name in ("alive", "next", "paused"):
             await b.stop(name)
         await other.stop("bobs")
         await b.close()

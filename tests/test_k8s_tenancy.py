@@ -67,7 +67,7 @@ DEFAULT_CAPS = {
     "count/jobs.batch": "48",
     "services": "64",
     "secrets": "32",
-    "count/networkpolicies.networking.k8s.io": "19",
+    "count/networkpolicies.networking.k8s.io": "35",
     "persistentvolumeclaims": "4",
     "requests.storage": str(100 * 2**30),
     "requests.ephemeral-storage": str(100 * 2**30),

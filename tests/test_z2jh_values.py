@@ -189,7 +189,6 @@ HARNESS = textwrap.dedent(
             **{n: effective(n) for n in ("enable_user_namespaces", "user_namespace_template",
                                          "service_account", "profiles_file", "extra_labels",
                                          "egress_api_server")},
-            "load_roles": list(c.JupyterHub.load_roles),
             "init_containers": [plain(x) for x in effective("init_containers")],
             "extra_containers": [plain(x) for x in effective("extra_containers")],
         }
@@ -529,14 +528,15 @@ def test_recipe_hub_config_selects_tfdist_with_user_namespaces(hub):
     assert hub["egress_api_server"] == []  # the admin's to fill (values.yaml says how)
 
 
-def test_recipe_admins_do_not_open_users_servers_on_the_hubs_origin(hub, helm, tmp_path):
-    """No subdomain_host: a user's server is on the hub's origin, so JupyterHub's admin role (which opens
-    every server) is redefined without access:servers; with subdomains (the admin's values), it is not."""
-    [admin] = [r for r in hub["load_roles"] if r["name"] == "admin"]
-    assert "admin:servers" in admin["scopes"] and "access:services" in admin["scopes"]
-    assert not [s for s in admin["scopes"] if s.startswith("access:servers")], admin
+def test_recipe_hub_says_its_servers_share_its_origin(hub, helm, tmp_path):
+    """No subdomain_host: a user's server is on the hub's origin, where an admin who opens it runs that
+    user's code as the admin. The hub says so in its log at every start; with subdomains it does not."""
+    from tfdist.spawner.hubroles import SHARED_ORIGIN
+
+    assert SHARED_ORIGIN in hub["log"]
     docs = render(helm, VALUES, "--set", "hub.config.JupyterHub.subdomain_host=https://hub.example.org")
-    assert [r for r in run_hub_config(docs, tmp_path)["load_roles"] if r["name"] == "admin"] == []
+    sub = run_hub_config(docs, tmp_path)
+    assert check_hub_config(sub) == [] and SHARED_ORIGIN not in sub["log"]
 
 
 def test_recipe_egress_api_server_from_helm_set(helm, tmp_path):

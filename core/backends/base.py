@@ -36,7 +36,9 @@ class Backend(abc.ABC):
     # ---- whose job a name is, for a submit that was interrupted: stopping "the job of that name" before
     # the submit's own name check had passed would stop another job of that name (a detached one, another
     # kernel's); after it, a job of that name is this submit's
-    def _unclaim(self, name: str) -> None:
+    def unclaim(self, name: str) -> None:
+        """Before a submit of `name` (the caller's too, before it hands the submit to another thread: an
+        interrupt that lands first must not find the claim of an earlier job of that name)."""
         self.__dict__.setdefault("_claimed", set()).discard(name)
 
     def _claim(self, name: str) -> None:

@@ -54,6 +54,9 @@ class KubernetesBackend(KubeSubmit, KubeWatch, KubeDetachedJobs, KubeJobWork, Ba
         self.kube = KubeApi(kubeconfig or os.environ.get("KUBECONFIG"))
         self._jobs: dict[str, KubeJob] = {}
         self._ended: set[str] = set()  # jobs this backend stopped or took the results of
+        # jobs the user stopped (not Kueue): a preempted one waiting to go back in line stays stopped; a
+        # new submit of the name clears it
+        self._stop_requested: set[str] = set()
         self.node_selector: dict[str, str] | None = settings.gpu_node_selector
         self.tolerations: list[dict] | None = settings.gpu_tolerations
         # the profile's GPU model (a MIG profile is a resource of its own); whole GPUs without one
@@ -83,6 +86,8 @@ class KubernetesBackend(KubeSubmit, KubeWatch, KubeDetachedJobs, KubeJobWork, Ba
     async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool:
         """Delete the root: the garbage collector takes everything it owns, pods first."""
         self._ended.add(name)
+        if reason != Reason.PREEMPTED:
+            self._stop_requested.add(name)
         self._finish(name)
         job = self._jobs.pop(name, None)
         if job is not None:

@@ -50,6 +50,7 @@ class KubeSubmit:
     kube: KubeApi
     _jobs: dict[str, KubeJob]
     _ended: set[str]
+    _stop_requested: set[str]
     node_selector: dict[str, str] | None
     tolerations: list[dict] | None
     gpu_resource: str
@@ -70,9 +71,10 @@ class KubeSubmit:
         """Delete this user's roots that a submit created and never resumed (its kernel SIGKILLed between
         the two, a rollback whose deletes failed): a suspended Job never starts, so its deadline (the
         lifeline) never fires, and it held the name, the quota's counts and its objects until the
-        notebook's pod went. Every submit resumes its Jobs within seconds of creating them, and Kueue's pod
-        groups leave Jobs unsuspended: a root still suspended, never started, after UNRESUMED_AFTER_S is
-        such a leftover. Errors are swallowed (the submit's own checks say what matters)."""
+        notebook's pod went. Every submit resumes its Jobs within seconds of creating them: a root still
+        suspended and never written since its creation (generation 1: a resume, a user's own suspend or
+        Kueue's would have raised it) after UNRESUMED_AFTER_S is such a leftover. Errors are swallowed (the
+        submit's own checks say what matters)."""
         sel = f"{kn.L_ROOT}=true,{kn.L_USER}={kn.user_label(self.settings.user)}"
         try:
             roots = await self.kube.list_job_objects(self.namespace, sel)
@@ -85,6 +87,8 @@ class KubeSubmit:
             name = meta.get("name") or ""
             if not (r.get("spec") or {}).get("suspend") or status.get("startTime") or name in self._jobs:
                 continue
+            if meta.get("generation") != 1:  # written since: resumed once, or suspended by someone
+                continue
             created = _timestamp(meta.get("creationTimestamp"))
             if created is None or now - created < UNRESUMED_AFTER_S or meta.get("deletionTimestamp"):
                 continue
@@ -94,7 +98,8 @@ class KubeSubmit:
         return gone
 
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
-        self._unclaim(spec.name)
+        self.unclaim(spec.name)
+        self._stop_requested.discard(spec.name)  # (kubewatch._resubmit checks it before calling this)
         await self._sweep_unresumed()
         spec = dataclasses.replace(
             spec,

@@ -45,6 +45,7 @@ class KubeWatch:
     kube: KubeApi
     _jobs: dict[str, KubeJob]
     _ended: set[str]
+    _stop_requested: set[str]
 
     if TYPE_CHECKING:
 
@@ -163,7 +164,7 @@ class KubeWatch:
         self._ended.discard(name)  # not ended: it comes back
         api = await self.kube.api()
         deadline = time.monotonic() + GONE_WAIT_S
-        while name not in self._ended and (  # stopped meanwhile: nothing to wait for
+        while name not in self._stop_requested and (  # stopped meanwhile: nothing to wait for
             await self._root(name) is not None
             or await workload_of(api, self.namespace, name) is not None
             # the PS and worker Jobs go after the root (the garbage collector follows their owner reference):
@@ -173,10 +174,13 @@ class KubeWatch:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"its evicted objects were still there after {GONE_WAIT_S:g}s")
             await asyncio.sleep(0.5)
-        if name not in self._ended:
-            await self.submit(spec, payload, Launch())
-        if name in self._ended:  # stopped meanwhile (an interrupted cell, the panel's Stop): not resubmitted,
-            await self.stop(name, Reason.STOPPED)  # and what a submit in flight made goes too
+        # Stopped meanwhile by this kernel (an interrupted cell, `%tfdist stop`): not resubmitted, and what a
+        # submit in flight made goes too. (A Stop from the lab panel or another kernel deletes whatever root
+        # of the name there is then; a job resubmitted after it shows in the panel, to be stopped again.)
+        if name not in self._stop_requested:
+            await self.submit(spec, payload, Launch())  # (no await between the check and its clearing)
+        if name in self._stop_requested:
+            await self.stop(name, Reason.STOPPED)
             checkpoints.drop(self.settings.state_dir, self.namespace, name)
             return StateEvent(
                 state=JobState.STOPPED,

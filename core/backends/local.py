@@ -103,7 +103,7 @@ class LocalBackend(DetachedJobs, Backend):
 
     # ------------------------------------------------------------------ submit
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
-        self._unclaim(spec.name)
+        self.unclaim(spec.name)
         prefix = self._isolation_prefix()
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         os.chmod(self.state_dir, 0o700)

@@ -114,8 +114,9 @@ class TenantPolicy:
     jobs_quota: int | None = 48  # batch Jobs: a %%tfdist job has 2 or 3
     services_quota: int | None = 64
     secrets_quota: int | None = 32
-    #: a job's own ingress policies (one each); the hub's own (HUB_POLICIES) are added to the quota's cap
-    policies_quota: int | None = 16
+    #: jobs' own ingress policies (one each, kept a while after the job: its TTL, a detached job's results;
+    #: slack as for Secrets); the hub's own (HUB_POLICIES) are added to the quota's cap
+    policies_quota: int | None = 32
     pvcs_quota: int | None = 4
     storage_quota_bytes: int | None = 100 * 2**30  # requests.storage of the claims
     ephemeral_quota_bytes: int | None = 100 * 2**30  # requests and limits of local disk

@@ -86,7 +86,7 @@ class Supervisor:
             self.spec.memory_bytes, int(pid) if pid.isdigit() else None, self.pending_logs
         )
         # the notebook server, as it is now (a PID alone may name another process later)
-        self.server = ProcessId.of(int(pid)) if pid.isdigit() else None
+        self.server = ProcessId.of(int(pid)) if pid.isdigit() and int(pid) > 1 else None
         self.lifeline = Lifeline()
         self.stopping = asyncio.Event()
         self.sampler = TaskSampler()
