@@ -445,8 +445,9 @@ async def test_a_notebook_admitted_while_its_queue_borrows_stays_its_job_goes(kp
 
 
 @pytest.mark.k8s
+@pytest.mark.parametrize("stopper", ["the-cell", "the-lab-panel"])
 async def test_a_job_stopped_while_it_waits_to_go_back_in_line_is_not_submitted_again(
-    kp, monkeypatch, tmp_path
+    kp, monkeypatch, tmp_path, stopper
 ):
     """Preempted, its cell waits for the evicted run's objects to go before submitting it again; the user
     interrupts the cell (or presses Stop) meanwhile. It was submitted again all the same: a new job on GPUs,
@@ -479,7 +480,14 @@ async def test_a_job_stopped_while_it_waits_to_go_back_in_line_is_not_submitted_
         )
         back = asyncio.ensure_future(a._resubmit("again", verdict))
         await asyncio.wait_for(in_wait.wait(), 60)
-        await a.stop("again", Reason.INTERRUPTED)  # the cell's interrupt, as kernel_magics sends it
+        if stopper == "the-cell":
+            await a.stop("again", Reason.INTERRUPTED)  # the cell's interrupt, as kernel_magics sends it
+        else:  # the server's other process, with its own backend (labserver): the same state directory
+            panel = backend(kp, ANN, QA, str(tmp_path))
+            try:
+                await panel.stop("again")
+            finally:
+                await panel.close()
         go_on.set()
         said = await asyncio.wait_for(back, 120)
         assert said.state == JobState.STOPPED and "not submitted again" in said.message, said
@@ -489,7 +497,8 @@ async def test_a_job_stopped_while_it_waits_to_go_back_in_line_is_not_submitted_
         )
         await asyncio.sleep(3)  # and no new run appears
         assert kp.get(root) is None and not job_pods(kp, ANN, "again")
-        assert not os.listdir(os.path.dirname(kept)), "the stopped job's checkpoint stayed behind"
+        left = [f for f in os.listdir(os.path.dirname(kept)) if ".ckpt" in f or f.endswith(".resume")]
+        assert not left, "the stopped job's checkpoint stayed behind"
     finally:
         go_on.set()
         with contextlib.suppress(Exception):

@@ -88,6 +88,8 @@ class KubernetesBackend(KubeSubmit, KubeWatch, KubeDetachedJobs, KubeJobWork, Ba
         self._ended.add(name)
         if reason != Reason.PREEMPTED:
             self._stop_requested.add(name)
+            with contextlib.suppress(OSError):  # for this server's other processes (kubewatch._resubmit)
+                records.save(self._stop_path(name), {"t": time.time(), "reason": str(reason)})
         self._finish(name)
         job = self._jobs.pop(name, None)
         if job is not None:

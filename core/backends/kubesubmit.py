@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import secrets
 import time
 from collections.abc import Coroutine
@@ -66,6 +67,7 @@ class KubeSubmit:
         def _remember(self, job: KubeJob, retention_s: float) -> None: ...
         async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool: ...
         def retention(self) -> dt.Retention: ...
+        def _stop_path(self, name: str) -> str: ...
 
     async def _sweep_unresumed(self) -> list[str]:
         """Delete this user's roots that a submit created and never resumed (its kernel SIGKILLed between
@@ -100,6 +102,8 @@ class KubeSubmit:
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
         self.unclaim(spec.name)
         self._stop_requested.discard(spec.name)  # (kubewatch._resubmit checks it before calling this)
+        with contextlib.suppress(OSError):
+            os.unlink(self._stop_path(spec.name))
         await self._sweep_unresumed()
         spec = dataclasses.replace(
             spec,

@@ -58,6 +58,7 @@ class KubeWatch:
         async def stop(self, name: str, reason: str = Reason.STOPPED) -> bool: ...
         async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None: ...
         async def _root(self, name: str) -> dict[str, Any] | None: ...
+        def _stopped_by_user(self, name: str) -> bool: ...
 
     async def watch(self, name: str) -> AsyncIterator[Event]:
         """Pod events (scheduling, task states) merged with the coordinator agent's (progress, metrics,
@@ -164,7 +165,7 @@ class KubeWatch:
         self._ended.discard(name)  # not ended: it comes back
         api = await self.kube.api()
         deadline = time.monotonic() + GONE_WAIT_S
-        while name not in self._stop_requested and (  # stopped meanwhile: nothing to wait for
+        while not self._stopped_by_user(name) and (  # stopped meanwhile: nothing to wait for
             await self._root(name) is not None
             or await workload_of(api, self.namespace, name) is not None
             # the PS and worker Jobs go after the root (the garbage collector follows their owner reference):
@@ -174,12 +175,11 @@ class KubeWatch:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"its evicted objects were still there after {GONE_WAIT_S:g}s")
             await asyncio.sleep(0.5)
-        # Stopped meanwhile by this kernel (an interrupted cell, `%tfdist stop`): not resubmitted, and what a
-        # submit in flight made goes too. (A Stop from the lab panel or another kernel deletes whatever root
-        # of the name there is then; a job resubmitted after it shows in the panel, to be stopped again.)
-        if name not in self._stop_requested:
+        # Stopped meanwhile (an interrupted cell, `%tfdist stop`, the lab panel's Stop, another kernel): not
+        # resubmitted, and what a submit in flight made goes too
+        if not self._stopped_by_user(name):
             await self.submit(spec, payload, Launch())  # (no await between the check and its clearing)
-        if name in self._stop_requested:
+        if self._stopped_by_user(name):
             await self.stop(name, Reason.STOPPED)
             checkpoints.drop(self.settings.state_dir, self.namespace, name)
             return StateEvent(

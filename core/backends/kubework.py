@@ -52,6 +52,7 @@ class KubeJobWork:
     namespace: str
     kube: KubeApi
     _jobs: dict[str, KubeJob]
+    _stop_requested: set[str]
     lifeline_grace_s: float
     lifeline_renew_s: float
 
@@ -109,6 +110,14 @@ class KubeJobWork:
 
     def _live_path(self, name: str) -> str:
         return records.live_path(self.settings.state_dir, self.namespace, name)
+
+    def _stop_path(self, name: str) -> str:
+        return records.stop_path(self.settings.state_dir, self.namespace, name)
+
+    def _stopped_by_user(self, name: str) -> bool:
+        """This kernel or another process of this server (the lab panel, another kernel) stopped `name`
+        since its last submit."""
+        return name in self._stop_requested or os.path.exists(self._stop_path(name))
 
     def _sampled(self, job: KubeJob, ev: MetricsEvent) -> None:
         """Leave the job's latest sample where this server's other processes read it (records.live_path)."""

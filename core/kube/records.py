@@ -25,6 +25,13 @@ def live_path(state_dir: str, namespace: str, name: str) -> str:
     return os.path.join(state_dir, "kubernetes", namespace, f"{name}.live.json")
 
 
+def stop_path(state_dir: str, namespace: str, name: str) -> str:
+    """A user's stop of the job (`%tfdist stop`, the lab panel's Stop, an interrupted cell), from any of
+    this server's processes: the kernel that follows a preempted job reads it before it submits the job
+    again. A new submit of the name removes it."""
+    return os.path.join(state_dir, "kubernetes", namespace, f"{name}.stopped.json")
+
+
 def load_live(file: str, now: float | None = None) -> dict[str, Any] | None:
     """The latest metrics sample, `{"t", "tasks"}`, if it is recent; else None."""
     rec = load(file)
