@@ -364,10 +364,16 @@ async def _admission_order(plane, queue: str, prefix: str, rounds: int) -> list[
                 )
             )
             # each burst a Workload per job before the next user's: Kueue's queue order is the Workload's
-            # creation time in whole seconds (the same second: any order), so a second between the users
+            # creation time in whole seconds (the same second: any order), so a second between the users.
+            # And every pod of each job: Kueue admits a pod group only once all its pods exist, and
+            # BestEffortFIFO passes over one still missing a pod (CI on a252c2b, under load: Bob's job
+            # admitted before Ann's third, whose pods the Job controller had not all made yet)
             await until(
                 f"{u}'s burst queued",
-                lambda u=u: len(plane.get(f"{KUEUE_API}/namespaces/{u}/workloads")["items"]) >= BURST,
+                lambda u=u: (
+                    len(plane.get(f"{KUEUE_API}/namespaces/{u}/workloads")["items"]) >= BURST
+                    and all(len(pods(plane, u, n)) == 3 for n in names[u])
+                ),
                 timeout=90,
             )
             await asyncio.sleep(1.1)
