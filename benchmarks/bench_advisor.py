@@ -5,9 +5,10 @@ model: one 12.8 MB table), each planned with `%%tfdist plan` over the very cell 
 every layout the plan offers (one worker; 2 workers with 1 and 2 PS; all-reduce with 2 workers), all in
 the same kernel and run. The cell runs as written under every layout: PS workers each take its batch,
 all-reduce splits it over the replicas (the dataset's batch is the global one), as the plan assumes.
-Measured: examples/s over the epochs after the first (start-up and tracing excluded), each layout twice in
-mirrored order (A B C D, then D C B A: a layout's place after the plan, or after a heavier layout, weighs
-the same on every one), the two passes' epochs pooled. Per model the file says predicted/measured per
+Measured: examples/s over the epochs after the first (start-up and tracing excluded), each layout in four
+passes in mirrored order (A B C D, D C B A, D C B A, A B C D: a layout's place after the plan, or after a
+heavier layout, weighs the same on every one, and so does a drift of the machine's pace over the minutes),
+the passes' epochs pooled. Per model the file says predicted/measured per
 layout, each pass's figure, and whether the recommended layout's measured examples/s is within 10 % of the
 best measured one.
 
@@ -59,13 +60,15 @@ embed = compiled([L.Input((16,), dtype="int64"), L.Embedding(50000, 64), L.Globa
                   L.Dense(64, activation="relu"), L.Dense(10)])
 """
 
-# model -> (input kind, steps per epoch, epochs): about 10-20 s of training each on 2 quiet cores
+# model -> (input kind, steps per epoch, epochs): 3-5 s of timed epochs a job on 2 quiet cores (the runs of
+# 2026-12-04 timed 0.7-2.4 s a job, and one layout's two passes differed by up to 1.9x)
 MODELS = {
-    "tiny": ("dense", 200, 3),
-    "wide": ("dense", 6, 3),
-    "conv": ("conv", 30, 3),
-    "embed": ("ids", 60, 3),
+    "tiny": ("dense", 200, 5),
+    "wide": ("dense", 12, 4),
+    "conv": ("conv", 60, 5),
+    "embed": ("ids", 120, 5),
 }
+PASSES = 4  # A B C D, D C B A, D C B A, A B C D: every layout at the same mean place, linear drift or not
 SMALL = {"tiny": ("dense", 40, 2), "wide": ("dense", 2, 2), "conv": ("conv", 6, 2), "embed": ("ids", 12, 2)}
 LAYOUTS = {
     "1 worker, 1 PS": "--workers 1 --ps 1",
@@ -112,6 +115,7 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="few steps: checks the script, not the advisor")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "advisor.json"))
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    ap.add_argument("--passes", type=int, default=PASSES, choices=range(1, 5), help="passes over the layouts")
     args = ap.parse_args()
     from tests.kernels import Kernel, kernel_env
 
@@ -133,7 +137,7 @@ def main() -> int:
             rows: dict = {"plan": text, "recommended": best, "layouts": {}}
             passes: dict[str, list[tuple[float, int, float]]] = {label: [] for label in LAYOUTS}
             order = list(LAYOUTS)
-            for n, labels in enumerate((order, order[::-1])):
+            for n, labels in enumerate((order, order[::-1], order[::-1], order)[: args.passes]):
                 for label in labels:
                     t0 = time.time()
                     secs, epochs_timed = measure(k, cell, f"{model}-{KEYS[label]}-{n}", LAYOUTS[label])

@@ -37,25 +37,37 @@ def test_pace_is_the_median_epoch_over_its_steps():
     assert pace_of([0.3, 0.6, 0.33], 30).pace_s == pytest.approx(0.011)
 
 
-def test_trials_run_in_two_mirrored_rounds_and_their_epochs_pool():
-    """Each layout twice, the second round in reverse order (no layout always first after the probe's own
-    timing, or always after the heaviest); the pace is the median of both rounds' epochs; a layout whose
-    round failed is not tried again (its processes ended), and every layout's end after its last round."""
-    from tfdist.runtime.probe import ProbeResult, run_trials
+class Recorded:
+    """The probe's Trials as run_trials drives them: each round's call and each layout's end, recorded;
+    each layout's epochs from `base` (seconds, + `drift` a round)."""
 
-    calls: list[tuple[str, int, bool]] = []
+    layouts = [Layout(1, 1), Layout(2, 1), Layout(2, 2), Layout(2, 0)]
 
-    class Recorded:
-        layouts = [Layout(1, 1), Layout(2, 1), Layout(2, 2), Layout(2, 0)]
+    def __init__(self, base: dict[str, float], fails: set[tuple[str, int]] = frozenset(), drift: float = 0.1):
+        self.base, self.fails, self.drift = base, fails, drift
+        self.calls: list[tuple[str, int, bool]] = []
+        self.ended: list[str] = []
+        self.events: list[tuple[str, ...]] = []  # runs and ends, in order
 
-        def run(self, layout, steps, epochs, round_no=0, last=True):
-            calls.append((layout.key, round_no, last))
-            if layout.key == "2x2" or (layout.key == "ar2" and round_no == 1):
-                raise RuntimeError("its servers ended")
-            base = {"1x1": 0.40, "2x1": 0.30, "ar2": 0.50}[layout.key]
-            return Trial(pace_s=0.0, steps=steps, epochs_s=(base + 0.1 * round_no,) * epochs)
+    def run(self, layout, steps, epochs, round_no=0, last=True):
+        self.calls.append((layout.key, round_no, last))
+        self.events.append(("run", layout.key))
+        if (layout.key, round_no) in self.fails or (layout.key, -1) in self.fails:
+            self.ended.append(layout.key)
+            raise RuntimeError("its servers ended")
+        return Trial(
+            pace_s=0.0, steps=steps, epochs_s=(self.base[layout.key] + self.drift * round_no,) * epochs
+        )
 
-    result = ProbeResult(
+    def end(self, layout):
+        self.ended.append(layout.key)
+        self.events.append(("end", layout.key))
+
+
+def _result():
+    from tfdist.runtime.probe import ProbeResult
+
+    return ProbeResult(
         step_s=0.001,
         steps_timed=10,
         cores_used=1.0,
@@ -65,16 +77,28 @@ def test_trials_run_in_two_mirrored_rounds_and_their_epochs_pool():
         grad_bytes=12,
         params=3,
     )
-    run_trials(Recorded(), result)
-    assert calls == [
+
+
+def test_trials_run_in_two_mirrored_rounds_and_their_epochs_pool():
+    """Each layout twice, the second round in reverse order (no layout always first after the probe's own
+    timing, or always after the heaviest); the pace is the median of both rounds' epochs; a layout whose
+    round failed is not tried again (its processes ended). One layout clearly ahead: no more rounds, and
+    every layout's processes end."""
+    from tfdist.runtime.probe import run_trials
+
+    trials = Recorded({"1x1": 0.40, "2x1": 0.30, "ar2": 0.50}, fails={("2x2", -1), ("ar2", 1)})
+    result = _result()
+    run_trials(trials, result)
+    assert trials.calls == [
         ("1x1", 0, False),
         ("2x1", 0, False),
         ("2x2", 0, False),
         ("ar2", 0, False),
-        ("ar2", 1, True),
-        ("2x1", 1, True),
-        ("1x1", 1, True),
+        ("ar2", 1, False),
+        ("2x1", 1, False),
+        ("1x1", 1, False),
     ]
+    assert {"1x1", "2x1", "2x2", "ar2"} <= set(trials.ended)
     # a layout with no round has no trial (the plan says why); one whose second round failed keeps its first
     assert set(result.trials) == {"1x1", "2x1", "ar2"} and set(result.trial_errors) == {"2x2"}
     assert result.trials["ar2"]["epochs_s"] == (0.5, 0.5)
@@ -82,6 +106,38 @@ def test_trials_run_in_two_mirrored_rounds_and_their_epochs_pool():
     # a 1 ms step: epochs of 40 steps (the cap), 4 timed in all, so 2 in each round
     assert result.trials["1x1"]["epochs_s"] == (0.4, 0.4, 0.5, 0.5)
     assert result.trials["1x1"]["pace_s"] == pytest.approx(0.45 / steps)  # between the rounds' 0.40 and 0.50
+
+
+def test_layouts_still_in_contention_get_two_more_mirrored_rounds_and_the_others_end_first():
+    """2x1 and 2x2 within CONTEND of each other after two rounds: those two fit twice more (mirrored, the
+    last round ending their processes), and 1x1 and ar2, out of the running, end before those rounds."""
+    from tfdist.runtime.probe import run_trials
+    from tfdist.runtime.probetrials import CONTEND
+
+    trials = Recorded({"1x1": 0.50, "2x1": 0.30, "2x2": 0.30 * (1 + CONTEND / 2), "ar2": 0.60}, drift=0.0)
+    result = _result()
+    run_trials(trials, result)
+    assert trials.calls[8:] == [
+        ("2x1", 2, False),
+        ("2x2", 2, False),
+        ("2x2", 3, True),
+        ("2x1", 3, True),
+    ]
+    first_extra = trials.events.index(("run", "2x1"), 8)
+    assert {("end", "1x1"), ("end", "ar2")} <= set(trials.events[:first_extra])
+    assert {("end", "2x1"), ("end", "2x2")} <= set(trials.events[first_extra:])
+    assert len(result.trials["2x1"]["epochs_s"]) == 2 * len(result.trials["1x1"]["epochs_s"])
+    assert result.trials["2x2"]["pace_s"] > result.trials["2x1"]["pace_s"]
+
+
+def test_a_contender_that_fails_in_an_extra_round_keeps_its_earlier_epochs():
+    from tfdist.runtime.probe import run_trials
+
+    trials = Recorded({"1x1": 0.31, "2x1": 0.30, "2x2": 0.6, "ar2": 0.6}, fails={("1x1", 2)}, drift=0.0)
+    result = _result()
+    run_trials(trials, result)
+    assert ("1x1", 3, True) not in trials.calls and ("2x1", 3, True) in trials.calls
+    assert len(result.trials["1x1"]["epochs_s"]) == 4 and "1x1" not in result.trial_errors
 
 
 def test_an_allreduce_rank_done_before_rank_0_has_written_is_not_a_failure(tmp_path):

@@ -26,7 +26,16 @@ from typing import Any
 
 from tfdist.runtime.probecosts import FIXED_COSTS_TIMEOUT_S, Collective, measure_ps_costs, within
 from tfdist.runtime.probehelpers import HelperLauncher, helper_env
-from tfdist.runtime.probetrials import MIN_EPOCHS, ROUNDS, Layout, Trials, pace_of, trial_shape
+from tfdist.runtime.probetrials import (
+    CONTEND,
+    EXTRA_ROUNDS,
+    MIN_EPOCHS,
+    ROUNDS,
+    Layout,
+    Trials,
+    pace_of,
+    trial_shape,
+)
 from tfdist.settings import KernelSettings, TaskSettings
 
 WARMUP_STEPS = 3
@@ -318,28 +327,56 @@ def _probe(bundle_path: str, out_path: str, split: int, helpers: _Helpers) -> in
 def run_trials(trials: Trials, result: ProbeResult) -> None:
     """Each layout's trial in `ROUNDS` rounds, the layouts in mirrored order (each layout's trials at
     several moments and places in line), one layout at a time, its epochs sized by the model's step and the
-    fit's epoch; the pace is the median of every timed epoch. A PS layout with more PS than the model has
-    variables is not one the plan offers, so it is not tried."""
+    fit's epoch; then `EXTRA_ROUNDS` more for the layouts still in contention. The pace is the median of
+    every timed epoch. A PS layout with more PS than the model has variables is not one the plan offers,
+    so it is not tried."""
     steps, epochs = trial_shape(result.step_s, result.steps_per_epoch)
     per_round = max(MIN_EPOCHS, -(-epochs // ROUNDS))
     layouts = [lay for lay in trials.layouts if lay.ps <= len(result.var_bytes)]
     timed: dict[str, list[float]] = {lay.key: [] for lay in layouts}
     over: set[str] = set()  # layouts whose processes ended (a round failed)
-    for n in range(ROUNDS):
-        for layout in layouts if n % 2 == 0 else layouts[::-1]:
+
+    def one_round(n: int, order: list[Layout], last: bool) -> None:
+        for layout in order if n % 2 == 0 else order[::-1]:
             if layout.key in over:
                 continue
             try:
-                trial = trials.run(layout, steps, per_round, n, last=n == ROUNDS - 1)
+                trial = trials.run(layout, steps, per_round, n, last=last)
             except RuntimeError as exc:
                 over.add(layout.key)
                 if not timed[layout.key]:  # a later round's failure keeps the epochs measured before it
                     result.trial_errors[layout.key] = str(exc)
                 continue
             timed[layout.key] += trial.epochs_s
+
+    for n in range(ROUNDS):
+        one_round(n, layouts, last=False)
+    close = contenders(layouts, timed, steps, over)
+    for layout in layouts:
+        if layout not in close:
+            trials.end(layout)
+    for n in range(ROUNDS, ROUNDS + EXTRA_ROUNDS if len(close) > 1 else ROUNDS):
+        one_round(n, close, last=n == ROUNDS + EXTRA_ROUNDS - 1)
+    for layout in close:
+        trials.end(layout)  # one alone in contention had no more rounds
     for key, epochs_s in timed.items():
         if epochs_s:
             result.trials[key] = asdict(pace_of(epochs_s, steps))
+
+
+def contenders(
+    layouts: list[Layout], timed: dict[str, list[float]], steps: int, over: set[str]
+) -> list[Layout]:
+    """The layouts still running whose pace so far is within CONTEND of the best one's."""
+    paces = {
+        lay.key: pace_of(timed[lay.key], steps).pace_s
+        for lay in layouts
+        if timed[lay.key] and lay.key not in over
+    }
+    if not paces:
+        return []
+    best = min(paces.values())
+    return [lay for lay in layouts if lay.key in paces and paces[lay.key] <= best * (1 + CONTEND)]
 
 
 if __name__ == "__main__":

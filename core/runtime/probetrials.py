@@ -20,7 +20,10 @@ pace per step, an epoch's end (the coordinator's join, the logs' fetch) included
 pay it. One round in one order put each layout's trial at one moment and one place in line: on 2 shared
 cores the same layout's pace moved 10-20 % between minutes, and the layouts the plan must rank are often
 that close. Measured here on 2 cores, the difference of two epoch lengths (to split the pace from the
-epoch's end) was noise; one epoch length is not.
+epoch's end) was noise; one epoch length is not. The layouts still within CONTEND of the best pace after
+those two rounds (the ones the recommendation could pick wrongly between) fit in two more rounds, again
+mirrored, and the others end: on a wide model two rounds put 2 workers with 1 PS 5 % ahead of 2 with 2 PS,
+which the jobs then ran 10 % faster (advisor.json of 2026-12-04).
 
 The processes start with the probe (their imports overlap its own) and wait for a word on stdin: each word
 a round, its JSON written as `OUT_JSON.N`; they end on stdin's end and die with the probe
@@ -51,6 +54,8 @@ STEP_BUDGET_S = 0.4  # K steps take about this long; a trial times about four ti
 MIN_STEPS, MAX_STEPS = 3, 40
 MIN_EPOCHS, MAX_EPOCHS = 2, 8  # timed epochs (R), all rounds together
 ROUNDS = 2
+EXTRA_ROUNDS = 2  # for the layouts still in contention after ROUNDS (the probe's run_trials)
+CONTEND = 0.15  # a layout is in contention within this fraction of the best pace
 
 
 @dataclass(frozen=True)
@@ -188,7 +193,7 @@ def trial_process(layout: Layout, rank: int, ports: list[int], bundle_path: str,
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy() if layout.ps == 0 else None
     open(f"{out_path}.ready{rank}", "w").close()
-    for n in range(ROUNDS):
+    for n in range(ROUNDS + EXTRA_ROUNDS):
         word = sys.stdin.readline().split()
         if len(word) != 2 or not all(w.isdigit() for w in word):
             return 0  # the probe is gone, or done with this layout
@@ -317,6 +322,10 @@ class Trials:
             raise RuntimeError(got["error"])
         got["epochs_s"] = tuple(got.get("epochs_s") or ())
         return Trial(**got)
+
+    def end(self, layout: Layout) -> None:
+        """The layout's processes end: it is out of the running (its servers stay for the others)."""
+        self._end(layout.key)
 
     def _tail(self, key: str) -> str:
         for rank in range(len(self.procs[key])):
