@@ -236,17 +236,25 @@ def measure(
 
 def trials_text(got: ProbeResult) -> str:
     """What the layouts' trials took here, and which had none (why)."""
+    from tfdist.runtime.probetrials import CONTEND
+
     if not (got.trials or got.trial_errors):
         return ""
-    first = next(iter(got.trials.values()), {})
     out = "tried here: "
     if got.trials:
-        shape = f"{len(first.get('epochs_s') or ())} epochs of {first.get('steps')} steps"
+        counts = {k: len(t.get("epochs_s") or ()) for k, t in got.trials.items()}
+        base = min(counts.values())
+        steps = next(iter(got.trials.values())).get("steps")
+        out += f"each layout's fit timed over {base} epochs of {steps} steps, in two rounds of the layouts"
+        out += " in mirrored order"
+        close = [k for k, n in counts.items() if n > base]
+        if close:
+            out += f", then {' and '.join(close)} (within {CONTEND:.0%} of the best pace) in two more"
         out += (
-            f"each layout's fit timed over {shape}, in two rounds of the layouts in mirrored order ("
+            " ("
             + ", ".join(f"{k} {t['pace_s'] * 1000:.1f} ms/step" for k, t in got.trials.items())
+            + "); the table's numbers for those layouts are their pace here"
         )
-        out += "); the table's numbers for those layouts are their pace here"
     if got.trial_errors:
         out += "; no trial, so from the costs: " + "; ".join(f"{k}: {e}" for k, e in got.trial_errors.items())
     return out + "\n"

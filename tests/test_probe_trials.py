@@ -324,3 +324,21 @@ def test_the_probes_helpers_are_forked_from_one_import_and_die_with_it(tmp_path)
         assert alive == [], "a forked helper or the fork server outlived the probe"
     finally:
         probe.kill()
+
+
+def test_the_plan_says_which_layouts_had_the_extra_rounds():
+    from tfdist.kernel_magics.plan import trials_text
+    from tfdist.runtime.probetrials import CONTEND
+
+    result = _result()
+    result.trials = {
+        "1x1": {"pace_s": 0.012, "steps": 10, "epochs_s": (0.12,) * 4},
+        "2x1": {"pace_s": 0.009, "steps": 10, "epochs_s": (0.09,) * 8},
+        "2x2": {"pace_s": 0.0093, "steps": 10, "epochs_s": (0.093,) * 8},
+    }
+    text = trials_text(result)
+    assert "timed over 4 epochs of 10 steps, in two rounds" in text, text
+    assert f"then 2x1 and 2x2 (within {CONTEND:.0%} of the best pace) in two more (" in text, text
+    assert "2x2 9.3 ms/step" in text
+    result.trials = {k: v | {"epochs_s": (0.1,) * 4} for k, v in result.trials.items()}
+    assert "two more" not in trials_text(result)

@@ -20,10 +20,10 @@ pace per step, an epoch's end (the coordinator's join, the logs' fetch) included
 pay it. One round in one order put each layout's trial at one moment and one place in line: on 2 shared
 cores the same layout's pace moved 10-20 % between minutes, and the layouts the plan must rank are often
 that close. Measured here on 2 cores, the difference of two epoch lengths (to split the pace from the
-epoch's end) was noise; one epoch length is not. The layouts still within CONTEND of the best pace after
-those two rounds (the ones the recommendation could pick wrongly between) fit in two more rounds, again
-mirrored, and the others end: on a wide model two rounds put 2 workers with 1 PS 5 % ahead of 2 with 2 PS,
-which the jobs then ran 10 % faster (advisor.json of 2026-12-04).
+epoch's end) was noise; one epoch length is not. The layouts still within CONTEND (25 %) of the best
+pace after those two rounds (the ones the recommendation could pick wrongly between) fit in two more
+rounds, again mirrored, and the others end: on a wide model two rounds put 2 workers with 1 PS 5 % ahead
+of 2 with 2 PS, which the jobs then ran 10 % faster (advisor.json of 2026-12-04).
 
 The processes start with the probe (their imports overlap its own) and wait for a word on stdin: each word
 a round, its JSON written as `OUT_JSON.N`; they end on stdin's end and die with the probe
@@ -55,7 +55,8 @@ MIN_STEPS, MAX_STEPS = 3, 40
 MIN_EPOCHS, MAX_EPOCHS = 2, 8  # timed epochs (R), all rounds together
 ROUNDS = 2
 EXTRA_ROUNDS = 2  # for the layouts still in contention after ROUNDS (the probe's run_trials)
-CONTEND = 0.15  # a layout is in contention within this fraction of the best pace
+CONTEND = 0.25  # a layout is in contention within this fraction of the best pace (2 shared cores: a
+# trial put 2 workers 21 % behind one, which the jobs then ran 8 % faster: advisor.json of 2026-12-05)
 
 
 @dataclass(frozen=True)
