@@ -249,7 +249,8 @@ def trials_text(got: ProbeResult) -> str:
         out += " in mirrored order"
         close = [k for k, n in counts.items() if n > base]
         if close:
-            out += f", then {' and '.join(close)} (within {CONTEND:.0%} of the best pace) in two more"
+            names = ", ".join(close[:-1]) + " and " + close[-1] if len(close) > 1 else close[0]
+            out += f", then {names} (within {CONTEND * 100:.0f} % of the best pace) in two more"
         out += (
             " ("
             + ", ".join(f"{k} {t['pace_s'] * 1000:.1f} ms/step" for k, t in got.trials.items())

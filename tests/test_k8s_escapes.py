@@ -568,7 +568,7 @@ def test_the_hubs_policies_and_objects_cannot_be_deleted_by_the_user(k8s_plane, 
     owner = _owned_by_job(k8s_plane, token, ns)
     mine = {
         "metadata": {"name": f"job-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]},
-        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{}]},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": {}}]}]},
     }
     code, body = call(k8s_plane, token, "POST", netpols, mine)
     assert code == 201, body
@@ -728,3 +728,135 @@ def test_the_hubs_token_writes_only_in_tenant_namespaces(k8s_plane, users):
     }
     code, body = call(k8s_plane, token, "POST", f"/api/v1/namespaces/{ann}/pods", nb)
     assert code == 201, body
+
+
+# ----------------------------------------- review of 2026-12-05: tokens, pod-level resources, sizes
+@pytest.mark.parametrize(
+    "token_source",
+    [
+        {"audience": "vault", "path": "t"},  # for another system, which verifies it offline
+        {"expirationSeconds": 4294967296, "path": "t"},  # 136 years
+    ],
+    ids=["audience", "lifetime"],
+)
+def test_no_service_account_token_that_outlives_the_pod(k8s_plane, ann, token_source):
+    """A projected token for another audience (or of a lifetime of years) is verified by other systems with
+    the cluster's public keys long after the pod, the server and the user are gone. The API server's own
+    token (no audience, an hour) is the control."""
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"tok-{uuid.uuid4().hex[:6]}")
+    pod = job["spec"]["template"]["spec"]
+    pod["serviceAccountName"] = tenancy.NOTEBOOK_SA
+    pod["volumes"] = [{"name": "sa", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    pod["volumes"][0]["projected"]["sources"] = [{"serviceAccountToken": token_source}]
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "projected volume sa is not allowed")
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
+
+
+@pytest.mark.parametrize(
+    ("pod", "says"),
+    [
+        # hugepages (and CPU/memory Kueue does not read) at the pod's level, beside its containers'
+        (
+            {
+                "resources": {
+                    "requests": {"cpu": "1", "hugepages-2Mi": "1Gi"},
+                    "limits": {"hugepages-2Mi": "1Gi"},
+                }
+            },
+            "pod-level resources (spec.resources) are not allowed",
+        ),
+        ({"schedulerName": "my-scheduler"}, "schedulerName my-scheduler is not allowed"),
+    ],
+    ids=["pod-level-resources", "scheduler"],
+)
+def test_no_pod_level_resources_and_no_other_scheduler(k8s_plane, bob, pod, says):
+    ns, token = bob
+    job = cpu_job(k8s_plane, ns, f"pl-{uuid.uuid4().hex[:6]}")
+    job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"] = {}, {}
+    job["spec"]["template"]["spec"] |= {"schedulerName": "default-scheduler"}
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    job["spec"]["template"]["spec"] |= pod
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), says)
+
+
+MIB = "x" * (1 << 20)
+
+
+def test_a_user_cannot_write_megabytes_at_a_time(k8s_plane, ann):
+    """Every write of an object is a new revision of all of it in etcd, and a full etcd refuses the
+    whole cluster's writes: a loop creating and deleting a 1 MiB Secret (or updating a Job that big) would
+    fill it in minutes. Each object a user may write is bounded; %%tfdist's own pass (the controls)."""
+    ns, token = ann
+    owner = _owned_by_job(k8s_plane, token, ns)
+    secrets = f"/api/v1/namespaces/{ns}/secrets"
+
+    def secret(**body: Any) -> dict[str, Any]:
+        return {"metadata": {"name": f"big-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]}, **body}
+
+    code, body = call(
+        k8s_plane, token, "POST", secrets + "?dryRun=All", secret(stringData={"token": "t" * 64})
+    )
+    assert code == 201, body
+    # (stringData reaches admission as data)
+    refused(
+        call(k8s_plane, token, "POST", secrets, secret(stringData={"k": MIB})), "too big", "data: at most"
+    )
+    many = {f"k{i}": "v" for i in range(5)}
+    refused(call(k8s_plane, token, "POST", secrets, secret(stringData=many)), "too big")
+    noted = secret(stringData={"token": "t"})
+    noted["metadata"]["annotations"] = {"tfdist.io/x": MIB[:100_000]}
+    refused(call(k8s_plane, token, "POST", secrets, noted), "too big", "annotations: at most")
+    # a Job: its environment, its command, its annotations (a user may update them at will)
+    for change, says in (
+        (
+            lambda c, m: c.setdefault("env", []).append({"name": "BIG", "value": MIB[:200_000]}),
+            "environment: at most 64 KiB",
+        ),
+        (lambda c, m: c.__setitem__("args", [MIB[:20_000]]), "command and arguments: at most 16 KiB"),
+        (
+            lambda c, m: m.__setitem__("annotations", {"tfdist.io/spec": MIB[:20_000]}),
+            "annotations: at most 16 KiB",
+        ),
+    ):
+        job = gpu_job(k8s_plane, ns, f"big-{uuid.uuid4().hex[:6]}")
+        change(job["spec"]["template"]["spec"]["containers"][0], job["metadata"])
+        refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "is too big", says)
+    # and on UPDATE: a Job created small does not grow
+    name = f"grow-{uuid.uuid4().hex[:6]}"
+    code, made = call(k8s_plane, token, "POST", jobs_path(ns), gpu_job(k8s_plane, ns, name))
+    assert code == 201, made
+    for _ in range(10):  # the Job controller writes its status in between: read again on a conflict
+        live = call(k8s_plane, token, "GET", f"{jobs_path(ns)}/{name}")[1]
+        live["metadata"]["annotations"] = {"tfdist.io/spec": MIB[:20_000]}
+        answer = call(k8s_plane, token, "PUT", f"{jobs_path(ns)}/{name}", live)
+        if answer[0] != 409:
+            break
+    refused(answer, "is too big", "annotations: at most 16 KiB")
+
+
+@pytest.mark.parametrize(
+    "peer",
+    [{"namespaceSelector": {}}, {"ipBlock": {"cidr": "0.0.0.0/0"}}, None],
+    ids=["other-namespaces", "address-block", "no-from"],
+)
+def test_a_jobs_network_policy_admits_only_its_namespaces_pods(k8s_plane, ann, peer):
+    """A TF server runs any graph sent to it: a user's own policy could open their job's servers to every
+    namespace (or address) of the cluster. %%tfdist's own policy is the control."""
+    from tfdist.jobspec import JobSpec
+    from tfdist.kube.access import network_policy
+
+    ns, token = ann
+    owner = _owned_by_job(k8s_plane, token, ns)
+    netpols = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+    ours = network_policy(
+        JobSpec(name=f"np-{uuid.uuid4().hex[:6]}", user="ann"), owner, {"app": "jupyterhub"}
+    )
+    code, body = call(k8s_plane, token, "POST", netpols + "?dryRun=All", ours)
+    assert code == 201, body
+    rule = {"ports": [{"protocol": "TCP", "port": 2222}]} | ({"from": [peer]} if peer else {})
+    ours["spec"]["ingress"].append(rule)
+    refused(call(k8s_plane, token, "POST", netpols, ours), "may admit only pods of your namespace")
