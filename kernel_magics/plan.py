@@ -34,7 +34,8 @@ from ..taskenv import thread_env, usable_cores
 from . import args as margs
 from .fitcheck import check_compiled, check_fits
 
-PROBE_TIMEOUT_S = 360.0  # the model's timing, the fixed costs and up to four layouts' trials
+PROBE_TIMEOUT_S = 360.0  # the model's timing, the fixed costs and up to four layouts' trials (extra rounds
+# only where the first two took at most probetrials.EXTRA_AFTER_S)
 MAX_TRIED_WORKERS = 4  # beyond this a local CPU plan is not tried layout by layout: too many processes
 
 
@@ -242,14 +243,12 @@ def trials_text(got: ProbeResult) -> str:
         return ""
     out = "tried here: "
     if got.trials:
-        counts = {k: len(t.get("epochs_s") or ()) for k, t in got.trials.items()}
-        base = min(counts.values())
         steps = next(iter(got.trials.values())).get("steps")
-        out += f"each layout's fit timed over {base} epochs of {steps} steps, in two rounds of the layouts"
-        out += " in mirrored order"
-        close = [k for k, n in counts.items() if n > base]
+        out += f"each layout's fit timed over {2 * got.trial_round_epochs} epochs of {steps} steps, in two"
+        out += " rounds of the layouts in mirrored order"
+        close = got.trial_extra
         if close:
-            names = ", ".join(close[:-1]) + " and " + close[-1] if len(close) > 1 else close[0]
+            names = ", ".join(close[:-1]) + " and " + close[-1]
             out += f", then {names} (within {CONTEND * 100:.0f} % of the best pace) in two more"
         out += (
             " ("

@@ -261,7 +261,8 @@ class Profile(_Strict):
     #: Kubernetes: the quota of the user's jobs (CPU, memory, pods), enforced by the user namespace's quota
     jobs: JobLimits = Field(default_factory=JobLimits)
     #: Kubernetes: shared data volumes mounted in the notebook and every pod of its jobs (DataVolume)
-    data_volumes: list[DataVolume] = Field(default_factory=list)
+    #: at most 16: every pod of a job mounts each (the admission policy's bound on a pod's volumes)
+    data_volumes: list[DataVolume] = Field(default_factory=list, max_length=16)
 
     @field_validator("data_volumes")
     @classmethod

@@ -747,7 +747,12 @@ def test_no_service_account_token_that_outlives_the_pod(k8s_plane, ann, token_so
     job = gpu_job(k8s_plane, ns, f"tok-{uuid.uuid4().hex[:6]}")
     pod = job["spec"]["template"]["spec"]
     pod["serviceAccountName"] = tenancy.NOTEBOOK_SA
-    pod["volumes"] = [{"name": "sa", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]
+    own = [  # Kubernetes' own kube-api-access volume, as its service-account admission writes it
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+    ]
+    pod["volumes"] = [{"name": "sa", "projected": {"sources": own}}]
     code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
     assert code == 201, body
     pod["volumes"][0]["projected"]["sources"] = [{"serviceAccountToken": token_source}]
@@ -781,6 +786,7 @@ def test_no_pod_level_resources_and_no_other_scheduler(k8s_plane, bob, pod, says
     assert code == 201, body
     job["spec"]["template"]["spec"] |= pod
     refused(call(k8s_plane, token, "POST", jobs_path(ns), job), says)
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
 
 
 MIB = "x" * (1 << 20)
@@ -825,6 +831,50 @@ def test_a_user_cannot_write_megabytes_at_a_time(k8s_plane, ann):
         job = gpu_job(k8s_plane, ns, f"big-{uuid.uuid4().hex[:6]}")
         change(job["spec"]["template"]["spec"]["containers"][0], job["metadata"])
         refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "is too big", says)
+    # counts: containers, volumes, probes (free text outside the bounds), owner references
+
+    def five_containers(pod: dict) -> None:
+        first = pod["containers"][0]
+        small = {"limits": {"cpu": "100m", "memory": "64Mi"}}
+        pod["containers"] = [first] + [dict(first, name=f"c{i}", resources=small) for i in range(1, 5)]
+
+    for change, says in (
+        (five_containers, "containers: at most 4"),
+        (
+            lambda p: p.__setitem__("volumes", [{"name": f"v{i}", "emptyDir": {}} for i in range(17)]),
+            "volumes",
+        ),
+        (
+            lambda p: p["containers"][0].__setitem__(
+                "readinessProbe", {"exec": {"command": ["x" * 100_000]}}
+            ),
+            "probes and lifecycle hooks are not allowed",
+        ),
+    ):
+        job = gpu_job(k8s_plane, ns, f"big-{uuid.uuid4().hex[:6]}")
+        change(job["spec"]["template"]["spec"])
+        refused(call(k8s_plane, token, "POST", jobs_path(ns), job), says)
+    job = gpu_job(k8s_plane, ns, f"own-{uuid.uuid4().hex[:6]}")
+    job["metadata"]["ownerReferences"] += [  # the API server merges duplicates: other owners
+        {"apiVersion": "batch/v1", "kind": "Job", "name": f"j{i}", "uid": str(uuid.uuid4())} for i in range(2)
+    ]
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "owner references: at most 2")
+    services = f"/api/v1/namespaces/{ns}/services"
+    svc = {
+        "metadata": {"name": f"s-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]},
+        "spec": {"clusterIP": "None", "ports": [{"name": f"p{i}", "port": 2000 + i} for i in range(9)]},
+    }
+    refused(call(k8s_plane, token, "POST", services, svc), "ports: at most 8")
+    netpol = {
+        "metadata": {"name": f"n-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]},
+        "spec": {
+            "podSelector": {},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {}}]}] * 5,
+        },
+    }
+    netpols = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+    refused(call(k8s_plane, token, "POST", netpols, netpol), "ingress: at most 4 rules")
     # and on UPDATE: a Job created small does not grow
     name = f"grow-{uuid.uuid4().hex[:6]}"
     code, made = call(k8s_plane, token, "POST", jobs_path(ns), gpu_job(k8s_plane, ns, name))

@@ -327,21 +327,42 @@ def test_the_probes_helpers_are_forked_from_one_import_and_die_with_it(tmp_path)
 
 
 def test_the_plan_says_which_layouts_had_the_extra_rounds():
+    """From what run_trials recorded, not from epoch counts: every layout in contention (each with four
+    rounds' epochs) still reads as two rounds then two more for them."""
     from tfdist.kernel_magics.plan import trials_text
     from tfdist.runtime.probetrials import CONTEND
 
     result = _result()
+    result.trial_round_epochs = 2
     result.trials = {
         "1x1": {"pace_s": 0.012, "steps": 10, "epochs_s": (0.12,) * 4},
         "2x1": {"pace_s": 0.009, "steps": 10, "epochs_s": (0.09,) * 8},
         "2x2": {"pace_s": 0.0093, "steps": 10, "epochs_s": (0.093,) * 8},
     }
+    result.trial_extra = ["2x1", "2x2"]
     text = trials_text(result)
     assert "timed over 4 epochs of 10 steps, in two rounds" in text, text
     assert f"then 2x1 and 2x2 (within {CONTEND * 100:.0f} % of the best pace) in two more (" in text, text
-    result.trials["1x1"]["epochs_s"] = (0.12,) * 8
-    result.trials["ar2"] = {"pace_s": 0.02, "steps": 10, "epochs_s": (0.2,) * 4}
-    assert "then 1x1, 2x1 and 2x2 (within" in trials_text(result)
     assert "2x2 9.3 ms/step" in text
-    result.trials = {k: v | {"epochs_s": (0.1,) * 4} for k, v in result.trials.items()}
+    result.trial_extra = ["1x1", "2x1", "2x2"]
+    result.trials["1x1"]["epochs_s"] = (0.12,) * 8
+    text = trials_text(result)
+    assert "timed over 4 epochs" in text and "then 1x1, 2x1 and 2x2 (within" in text, text
+    result.trial_extra = []
     assert "two more" not in trials_text(result)
+
+
+def test_run_trials_records_its_rounds_and_ends_layouts_it_does_not_offer():
+    """The contenders and one round's epochs go to the plan; a layout with more PS than the model has
+    variables is not tried, and its processes end with the others before the extra rounds."""
+    from tfdist.runtime.probe import run_trials
+    from tfdist.runtime.probetrials import CONTEND
+
+    trials = Recorded({"1x1": 0.50, "2x1": 0.30, "2x2": 0.30 * (1 + CONTEND / 2), "ar2": 0.60}, drift=0.0)
+    trials.layouts = [*Recorded.layouts, Layout(2, 4)]  # 4 PS for a model of 3 variables
+    result = _result()
+    run_trials(trials, result)
+    assert result.trial_extra == ["2x1", "2x2"] and result.trial_round_epochs == 2
+    assert "2x4" not in {key for key, *_ in trials.calls}
+    first_extra = trials.events.index(("run", "2x1"), 8)
+    assert ("end", "2x4") in trials.events[:first_extra]

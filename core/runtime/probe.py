@@ -28,6 +28,7 @@ from tfdist.runtime.probecosts import FIXED_COSTS_TIMEOUT_S, Collective, measure
 from tfdist.runtime.probehelpers import HelperLauncher, helper_env
 from tfdist.runtime.probetrials import (
     CONTEND,
+    EXTRA_AFTER_S,
     EXTRA_ROUNDS,
     MIN_EPOCHS,
     ROUNDS,
@@ -64,6 +65,8 @@ class ProbeResult:
     costs_error: str = ""  # why the fixed costs could not be measured (the plan then assumes them)
     trials: dict[str, dict[str, float]] = field(default_factory=dict)  # layout key -> probetrials.Trial
     trial_errors: dict[str, str] = field(default_factory=dict)  # layout key -> why it has no trial
+    trial_round_epochs: int = 0  # timed epochs of one trial round
+    trial_extra: list[str] = field(default_factory=list)  # layouts in contention: two more rounds
 
 
 class FitCaught(BaseException):
@@ -349,12 +352,18 @@ def run_trials(trials: Trials, result: ProbeResult) -> None:
                 continue
             timed[layout.key] += trial.epochs_s
 
+    result.trial_round_epochs = per_round
+    started = time.monotonic()
     for n in range(ROUNDS):
         one_round(n, layouts, last=False)
     close = contenders(layouts, timed, steps, over)
-    for layout in layouts:
+    if time.monotonic() - started > EXTRA_AFTER_S:  # a slow model: the plan's own timeout comes first
+        close = []
+    for layout in trials.layouts:
         if layout not in close:
             trials.end(layout)
+    if len(close) > 1:
+        result.trial_extra = [lay.key for lay in close]
     for n in range(ROUNDS, ROUNDS + EXTRA_ROUNDS if len(close) > 1 else ROUNDS):
         one_round(n, close, last=n == ROUNDS + EXTRA_ROUNDS - 1)
     for layout in close:

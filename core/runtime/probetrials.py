@@ -52,9 +52,12 @@ TRIAL_TIMEOUT_S = 90.0
 READY_TIMEOUT_S = 90.0
 STEP_BUDGET_S = 0.4  # K steps take about this long; a trial times about four times that
 MIN_STEPS, MAX_STEPS = 3, 40
-MIN_EPOCHS, MAX_EPOCHS = 2, 8  # timed epochs (R), all rounds together
+MIN_EPOCHS, MAX_EPOCHS = 2, 8  # timed epochs (R), the ROUNDS rounds together (contenders: twice that)
 ROUNDS = 2
 EXTRA_ROUNDS = 2  # for the layouts still in contention after ROUNDS (the probe's run_trials)
+# no extra rounds once the first ROUNDS took this long: they cost up to as much again, and the plan's probe
+# has PROBE_TIMEOUT_S (360 s) for the model's timing, the fixed costs and every trial
+EXTRA_AFTER_S = 90.0
 CONTEND = 0.25  # a layout is in contention within this fraction of the best pace (2 shared cores: a
 # trial put 2 workers 21 % behind one, which the jobs then ran 8 % faster: advisor.json of 2026-12-05)
 
