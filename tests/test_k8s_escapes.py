@@ -392,14 +392,13 @@ def test_a_zero_gpu_request_makes_no_gpu_pod(k8s_plane, ann):
 def test_affinity_cannot_reach_other_users_pods(k8s_plane, ann, users):
     """A required anti-affinity over every namespace against bob's pods (their labels are computable from
     his name) keeps his notebook and jobs off every node while ann's one CPU pod lives; affinity tells her
-    whether they exist. Affinity within her own namespace is the control."""
+    whether they exist. %%tfdist sets no affinity, so none is admitted (its lists are unbounded too); the
+    same Job without it is the control."""
     from tfdist.kube import names
 
     ns, token = ann
     job = cpu_job(k8s_plane, ns, f"aff-{uuid.uuid4().hex[:6]}")
     pod = job["spec"]["template"]["spec"]
-    own = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
-    pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [own]}}
     code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
     assert code == 201, body
     bobs = {"labelSelector": {"matchLabels": {names.L_USER: names.user_label("bob")}}}
@@ -407,12 +406,13 @@ def test_affinity_cannot_reach_other_users_pods(k8s_plane, ann, users):
         "anti-everywhere": ("podAntiAffinity", "required", {**bobs, "namespaceSelector": {}}),
         "anti-his-namespace": ("podAntiAffinity", "required", {**bobs, "namespaces": [users["bob"]]}),
         "affinity-probe": ("podAffinity", "preferred", {**bobs, "namespaceSelector": {}}),
+        "own-namespace": ("podAntiAffinity", "required", {"labelSelector": {"matchLabels": {"app": "x"}}}),
     }
     for kind, when, term in terms.values():
         term = {**term, "topologyKey": "kubernetes.io/os"}
         rule = [term] if when == "required" else [{"weight": 100, "podAffinityTerm": term}]
         pod["affinity"] = {kind: {f"{when}DuringSchedulingIgnoredDuringExecution": rule}}
-        refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "only your own namespace's pods")
+        refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "affinity", "not allowed")
     assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
 
 
@@ -470,7 +470,7 @@ def test_no_hugepages_which_no_quota_counts(k8s_plane, bob):
 def _owned_by_job(plane, token: str, ns: str) -> dict[str, Any]:
     name = f"own-{uuid.uuid4().hex[:6]}"
     code, job = call(plane, token, "POST", jobs_path(ns), cpu_job(plane, ns, name))
-    assert code == 201, job
+    assert code == 201, job.get("message", job)
     return {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"]}
 
 
@@ -610,6 +610,7 @@ async def test_object_counts_are_capped(k8s_plane, users):
     quota = k8s_plane.get(f"/api/v1/namespaces/{ns}/resourcequotas/{tenancy.QUOTA}")["spec"]["hard"]
     for key in (
         "count/jobs.batch",
+        "count/pods",
         "services",
         "secrets",
         "count/networkpolicies.networking.k8s.io",
@@ -910,3 +911,164 @@ def test_a_jobs_network_policy_admits_only_its_namespaces_pods(k8s_plane, ann, p
     rule = {"ports": [{"protocol": "TCP", "port": 2222}]} | ({"from": [peer]} if peer else {})
     ours["spec"]["ingress"].append(rule)
     refused(call(k8s_plane, token, "POST", netpols, ours), "may admit only pods of your namespace")
+
+
+TOLERATE_NOT_READY = {
+    "key": "node.kubernetes.io/not-ready",
+    "operator": "Exists",
+    "effect": "NoExecute",
+    "tolerationSeconds": 300,
+}
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        # a list the allowlist drops (the API server's own default tolerations) copied 20 000 times
+        (
+            lambda p: p.__setitem__("tolerations", p["tolerations"] + [TOLERATE_NOT_READY] * 20_000),
+            "tolerations",
+        ),
+        (
+            lambda p: p.__setitem__("securityContext", {"supplementalGroups": list(range(1000, 21000))}),
+            "supplementalGroups",
+        ),
+        (
+            lambda p: p.__setitem__(
+                "topologySpreadConstraints",
+                [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {
+                            "matchExpressions": [
+                                {"key": "app", "operator": "In", "values": [f"v{i}" for i in range(20_000)]}
+                            ]
+                        },
+                    }
+                ],
+            ),
+            "topologySpreadConstraints",
+        ),
+        (
+            lambda p: p.__setitem__(
+                "readinessGates", [{"conditionType": f"x.io/c{i}"} for i in range(20_000)]
+            ),
+            "readinessGates",
+        ),
+        (
+            lambda p: p.__setitem__(
+                "dnsConfig", {"searches": ["a.b"], "options": [{"name": f"o{i}"} for i in range(20_000)]}
+            ),
+            "dnsConfig",
+        ),
+        (
+            lambda p: p.__setitem__(
+                "hostAliases", [{"ip": "10.0.0.1", "hostnames": [f"h{i}" for i in range(20_000)]}]
+            ),
+            "hostAliases",
+        ),
+        (
+            lambda p: p.__setitem__(
+                "volumes",
+                [
+                    {
+                        "name": "cm",
+                        "configMap": {
+                            "name": "x",
+                            "items": [{"key": f"k{i}", "path": f"p{i}"} for i in range(20_000)],
+                        },
+                    }
+                ],
+            ),
+            "volumes: at most 16 items",
+        ),
+        (
+            lambda p: p.__setitem__(
+                "volumes",
+                [
+                    {
+                        "name": "pr",
+                        "projected": {"sources": [{"configMap": {"name": f"c{i}"}} for i in range(5_000)]},
+                    }
+                ],
+            ),
+            "4 projected sources",
+        ),
+        (
+            lambda p: p["containers"][0].__setitem__(  # a copy: RESTRICTED is shared
+                "securityContext",
+                {**RESTRICTED, "capabilities": {"drop": ["ALL"] + [f"X{i}" for i in range(20_000)]}},
+            ),
+            "capabilities",
+        ),
+    ],
+    ids=[
+        "tolerations",
+        "supplemental-groups",
+        "spread",
+        "readiness-gates",
+        "dns-options",
+        "host-aliases",
+        "volume-items",
+        "projected-sources",
+        "capabilities",
+    ],
+)
+def test_a_jobs_lists_no_bound_counted_are_refused(k8s_plane, ann, change, says):
+    """Every write of a Job is a new revision of all of it in etcd, copied into each pod and Kueue Workload:
+    a list outside the size bounds, filled to a megabyte and rewritten in a loop (activeDeadlineSeconds may
+    change), fills the cluster's store. %%tfdist sets none of these (or a few entries): refused whole or
+    bounded; the Job without them is the control."""
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"list-{uuid.uuid4().hex[:6]}")
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    change(job["spec"]["template"]["spec"])
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), says)
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
+
+
+def test_a_job_cannot_adopt_pods_or_leave_for_another_controller(k8s_plane, ann):
+    """manualSelector with the notebook's labels would have the Job controller adopt the user's own server
+    pod (and delete it on suspend); managedBy hands the Job to another controller (MultiKueue's worker
+    clusters, where these policies do not run)."""
+    ns, token = ann
+    nb = k8s_plane.get(f"/api/v1/namespaces/{ns}/pods/{NOTEBOOK}")["metadata"]["labels"]
+    job = cpu_job(k8s_plane, ns, f"adopt-{uuid.uuid4().hex[:6]}")
+    job["spec"]["manualSelector"] = True
+    job["spec"]["selector"] = {"matchLabels": dict(nb)}
+    job["spec"]["template"]["metadata"]["labels"].update(nb)
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "spec.manualSelector")
+    job = cpu_job(k8s_plane, ns, f"mgd-{uuid.uuid4().hex[:6]}")
+    job["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "spec.managedBy")
+    assert k8s_plane.get(f"/api/v1/namespaces/{ns}/pods/{NOTEBOOK}") is not None
+
+
+@pytest.mark.parametrize("where", ["policy", "peer"])
+def test_a_network_policys_selectors_are_bounded(k8s_plane, ann, where):
+    """Every node's network agent holds every NetworkPolicy and evaluates it: a selector with 20 000 values
+    in a matchExpressions, rewritten in a loop, costs every node (a crashed agent enforces nothing, and
+    enforcement is all that guards everyone's TensorFlow servers). %%tfdist's policy selects by matchLabels
+    only (the control)."""
+    from tfdist.jobspec import JobSpec
+    from tfdist.kube.access import network_policy
+
+    ns, token = ann
+    owner = _owned_by_job(k8s_plane, token, ns)
+    netpols = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+    ours = network_policy(
+        JobSpec(name=f"np-{uuid.uuid4().hex[:6]}", user="ann"), owner, {"app": "jupyterhub"}
+    )
+    code, body = call(k8s_plane, token, "POST", netpols + "?dryRun=All", ours)
+    assert code == 201, body
+    huge = {
+        "matchExpressions": [{"key": "app", "operator": "NotIn", "values": [f"v{i}" for i in range(20_000)]}]
+    }
+    if where == "policy":
+        ours["spec"]["podSelector"] = {**ours["spec"]["podSelector"], **huge}
+    else:
+        ours["spec"]["ingress"][0]["from"][0]["podSelector"] = huge
+    refused(call(k8s_plane, token, "POST", netpols, ours), "selectors: matchLabels only")

@@ -125,6 +125,7 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "requests.memory": str(64 * 2**30),
         "limits.memory": str(64 * 2**30),
         "pods": "20",
+        "count/pods": "80",  # finished pods too: each task's retries are kept until its Job goes
         **DEFAULT_CAPS,
     }
     assert objs[3]["data"] == {
@@ -272,7 +273,12 @@ async def test_hub_converges_a_user_namespace_on_every_spawn(k8s_plane, users):
         await prepare_user_namespace(api, gpu_policy("ann", ann, gpu_quota={"nvidia.com/gpu": 2}, queue=""))
         await prepare_user_namespace(api, gpu_policy("ann", ann, gpu_quota={"nvidia.com/gpu": 2}, queue=""))
     quota = k8s_plane.get(f"/api/v1/namespaces/{ann}/resourcequotas/{tenancy.QUOTA}")
-    assert quota["spec"]["hard"] == {"requests.nvidia.com/gpu": "2", "pods": "20", **DEFAULT_CAPS}
+    assert quota["spec"]["hard"] == {
+        "requests.nvidia.com/gpu": "2",
+        "pods": "20",
+        "count/pods": "80",
+        **DEFAULT_CAPS,
+    }
     params = k8s_plane.get(f"/api/v1/namespaces/{ann}/configmaps/{tenancy.POLICY_PARAMS}")["data"]
     assert params["queue"] == ""
     ns = k8s_plane.get(f"/api/v1/namespaces/{ann}")["metadata"]["labels"]

@@ -183,6 +183,9 @@ def owned_by(live: dict[str, Any], p: TenantPolicy) -> bool:
 HUB_POLICIES = 3  # the default deny, the notebook's ingress and the egress limits (tenant_objects)
 
 
+KEPT_PODS_FACTOR = 4  # pods a namespace may keep, finished ones included, per pod it may run
+
+
 def resource_quota(p: TenantPolicy) -> dict[str, Any]:
     hard: dict[str, str] = {f"requests.{r}": str(n) for r, n in sorted(p.gpu_quota.items())}
     if p.cpu_quota is not None:
@@ -191,6 +194,10 @@ def resource_quota(p: TenantPolicy) -> dict[str, Any]:
         hard["requests.memory"] = hard["limits.memory"] = str(p.memory_quota_bytes)
     if p.pods_quota is not None:
         hard["pods"] = str(p.pods_quota)
+        # `pods` counts running pods only: the Job controller keeps every finished one (each retry of each
+        # task) until its Job is deleted, and PodGC then deletes the cluster's oldest finished pods,
+        # other users' included. Pods in every phase, so a user's finished ones stay theirs to bound
+        hard["count/pods"] = str(KEPT_PODS_FACTOR * p.pods_quota)
     counts = {
         "count/jobs.batch": p.jobs_quota,
         "services": p.services_quota,
