@@ -120,6 +120,9 @@ class Kernel:
 # Every kernel the tests start carries this mark, and every job process inherits it: so the checks see
 # this run's jobs only, not those of another run on the same machine.
 RUN_MARK = f"tfdist-test-{os.getpid()}"
+# ... and so does every process this one starts itself (jobs a test submits through a backend directly,
+# not from a kernel): the checks would not see those otherwise
+os.environ["TFDIST_TEST_RUN"] = RUN_MARK
 
 
 def job_processes() -> list[psutil.Process]:

@@ -30,7 +30,7 @@ def test_returns_once_a_late_server_listens():
         took = time.monotonic() - t0
     late.close()
     assert left == []
-    assert 0.45 < took < 1.5, took  # waited for the late one, and no longer than a few polls after
+    assert 0.45 < took < 3, took  # waited for the late one, not the 10 s bound (2 loaded cores)
 
 
 def test_gives_up_at_its_bound_and_names_what_never_answered():

@@ -191,10 +191,14 @@ def test_an_allreduce_rank_that_failed_ends_the_wait_at_once(tmp_path, rank1_exi
     try:
         with pytest.raises(RuntimeError, match=r"wrote nothing \(its processes' exit codes \[None, "):
             trials.run(Layout(2, 0), 5, 2, round_no=0, last=last)
+        # both ended by the failed round itself, before close() (which would kill them anyway)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(p.poll() is None for p in trials.procs["ar2"]):
+            time.sleep(0.1)
+        assert all(p.poll() is not None for p in trials.procs["ar2"])
     finally:
         trials.close()
     assert time.monotonic() - t0 < 15
-    assert all(p.poll() is not None for p in trials.procs["ar2"])
 
 
 @pytest.mark.slow

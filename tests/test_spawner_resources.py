@@ -114,6 +114,21 @@ def _oom_adj(pid: int) -> int:
         return 0
 
 
+def _dies(p, timeout: float = 5.0) -> bool:
+    """Gone or a zombie (its parent, not this test, reaps it) within `timeout`: killed, not only named."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_watchdog_ends_a_job_task_before_the_bigger_kernel() -> None:
     """A real tree: server -> kernel (400 MiB) -> task (150 MiB, oom_score_adj 800 as tasks set it)."""
     task = (
@@ -152,6 +167,7 @@ def test_watchdog_ends_a_job_task_before_the_bigger_kernel() -> None:
         task_p = next(p for p in procs if p.ppid() == kernel_p.pid)
         victim = enforce_once(server.pid, 400 * 2**20)
         assert victim == task_p.pid
+        assert _dies(task_p), "the watchdog named the task but it lives on"
         time.sleep(0.5)
         assert kernel_p.is_running() and kernel_p.status() != psutil.STATUS_ZOMBIE
     finally:
@@ -172,8 +188,12 @@ def test_watchdog_kills_a_real_hog() -> None:
     )
     try:
         time.sleep(2.5)
+        import psutil
+
+        kernel_p = psutil.Process(server.pid).children()[0]
         victim = enforce_once(server.pid, 150 * 2**20)
-        assert victim is not None and victim != server.pid
+        assert victim == kernel_p.pid
+        assert _dies(kernel_p), "the watchdog named the kernel but it lives on"
         assert server.poll() is None  # the server survives; its kernel was ended
     finally:
         import psutil
