@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -557,7 +558,7 @@ class ControlPlane:
             raise
 
     @contextlib.contextmanager
-    def watching(self, list_path: str, seconds: int = 120):
+    def watching(self, list_path: str, seconds: int = 120, settle: float = 0.5):
         """Every watch event on `list_path` from now on, in order, into the list this yields: a record of
         each object's history that a later GET cannot give (the watch starts at the list's resourceVersion,
         so nothing between the two is missed). The list is complete once the block ends."""
@@ -579,7 +580,7 @@ class ControlPlane:
         try:
             yield events
         finally:
-            time.sleep(0.5)  # events already sent but not yet read
+            time.sleep(settle)  # events already sent but not yet read
             with contextlib.suppress(AttributeError, OSError):  # wakes the reader's blocking read
                 resp.fp.raw._sock.shutdown(socket.SHUT_RDWR)
             reader.join(5)
@@ -868,3 +869,36 @@ class ControlPlane:
                 return r.read() == b"ok"
         except urllib.error.HTTPError:
             return False
+
+
+WRITTEN_KINDS = (
+    "/apis/batch/v1/namespaces/{ns}/jobs",
+    "/api/v1/namespaces/{ns}/pods",
+    "/api/v1/namespaces/{ns}/services",
+    "/api/v1/namespaces/{ns}/secrets",
+    "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+)
+
+
+@contextlib.contextmanager
+def nothing_created(plane: ControlPlane, ns: str, job: str) -> Iterator[None]:
+    """Watches every kind a job writes in `ns` across the block: an object created and deleted again
+    (a half-made job cleaned up) fails it as much as one left behind, which a list afterwards cannot see.
+    Objects of the job `job` only (its label), so other jobs' pods coming and going do not count."""
+    from tfdist.kube.names import L_JOB
+
+    sel = f"?labelSelector={L_JOB}%3D{job}"
+    with contextlib.ExitStack() as stack:
+        streams = {
+            p.format(ns=ns): stack.enter_context(plane.watching(p.format(ns=ns) + sel, 60, settle=0))
+            for p in WRITTEN_KINDS
+        }
+        yield
+        time.sleep(0.5)  # events already sent but not yet read, once for all the streams
+    added = [
+        f"{path.rsplit('/', 1)[1]}/{e['object']['metadata']['name']}"
+        for path, events in streams.items()
+        for e in events
+        if e.get("type") == "ADDED"
+    ]
+    assert added == [], f"created during a refused submit: {added}"

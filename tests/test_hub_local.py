@@ -302,9 +302,19 @@ def test_gpus_are_exclusive(hub: RunningHub) -> None:
 
 
 def test_bad_input_never_restarts_the_hub(hub: RunningHub) -> None:
-    """consecutive_failure_limit is 3 here; ~90 rejected spawns later the hub still runs."""
-    assert hub.proc.poll() is None
+    """consecutive_failure_limit is 3 here: a rejected spawn must not count as a failed one, or the hub
+    would exit after the third. Its own 6 in a row (on top of the module's ~90), then a good one."""
+    pid = hub.proc.pid
+    for case, user, options, expected in BAD_INPUT[:6]:
+        r = hub.api("POST", f"/users/{user}/server", json={"user_options": as_json(options)})
+        assert r.status_code == 400 and expected in r.json()["message"], (case, r.status_code, r.text[:300])
+    assert hub.proc.poll() is None and hub.proc.pid == pid
     assert hub.api("GET", "/").status_code == 200
+    ok = hub.post_form("bob", CPU)
+    assert ok.status_code == 302, error_text(ok)
+    hub.wait_ready("bob")
+    hub.stop_server("bob")
+    assert hub.proc.poll() is None
 
 
 def test_broken_profiles_file_stops_the_hub(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.kube_plane import nothing_created
 from tests.test_k8s_backend import (
     H100,
     backend,
@@ -105,15 +106,27 @@ async def test_refused_allreduce_jobs_create_nothing(k8s_plane, k8s_namespace):
     # bad input, refused before the backend is asked: what `%%tfdist run` checks
     with pytest.raises(JobSpecError, match="--ps 1 does not go with --strategy allreduce"):
         default_ps("allreduce", 1)
-    with pytest.raises(JobSpecError, match="--ps 2 does not go with --strategy allreduce"):
-        validate(ar("bad1", ns, ps=2), None)
-    with pytest.raises(JobSpecError, match="--checkpoint-every is for --strategy ps"):
-        validate(ar("bad2", ns, checkpoint_every=5), None)
+    # and the same through the backend a cell's job goes through (a check skipped there would create)
+    b = backend(k8s_plane, ns)
+    try:
+        for name, kw, says in (
+            ("bad1", {"ps": 2}, "--ps 2 does not go with --strategy allreduce"),
+            ("bad2", {"checkpoint_every": 5}, "--checkpoint-every is for --strategy ps"),
+        ):
+            with pytest.raises(JobSpecError, match=says):
+                validate(ar(name, ns, **kw), None)
+            with nothing_created(k8s_plane, ns, name), pytest.raises(JobSpecError, match=says):
+                await b.submit(ar(name, ns, **kw), b"p", Launch())
+    finally:
+        await b.close()
     # refused by the API server: the root itself carries the replicas' node selector here, so nothing
     # is created at all
     b = backend(k8s_plane, ns, TFDIST_GPU_NODE_SELECTOR='{"not a key!": "x"}')
     try:
-        with pytest.raises(JobSpecError, match="the API server refused Job 'bad3'"):
+        with (
+            nothing_created(k8s_plane, ns, "bad3"),
+            pytest.raises(JobSpecError, match="the API server refused Job 'bad3'"),
+        ):
             await b.submit(ar("bad3", ns, gpus_per_worker=1), b"p", Launch())
     finally:
         await b.close()

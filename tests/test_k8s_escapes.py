@@ -977,7 +977,7 @@ TOLERATE_NOT_READY = {
                         "name": "cm",
                         "configMap": {
                             "name": "x",
-                            "items": [{"key": f"k{i}", "path": f"p{i}"} for i in range(20_000)],
+                            "items": [{"key": f"k{i}", "path": f"p{i}"} for i in range(1_000)],
                         },
                     }
                 ],
@@ -1072,3 +1072,24 @@ def test_a_network_policys_selectors_are_bounded(k8s_plane, ann, where):
     else:
         ours["spec"]["ingress"][0]["from"][0]["podSelector"] = huge
     refused(call(k8s_plane, token, "POST", netpols, ours), "selectors: matchLabels only")
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("component", "singleuser-server"),
+        ("hub.jupyter.org/network-access-hub", "true"),
+        ("app.kubernetes.io/component", "singleuser-server"),
+    ],
+)
+def test_a_jobs_pods_cannot_pass_for_the_hubs_own(k8s_plane, ann, key, value):
+    """KubeSpawner's reflector keeps every pod labelled component=singleuser-server of every user namespace
+    in the hub's memory (finished ones too: 6 000 of them would be one user's doing), and z2jh's policies
+    admit pods by hub.jupyter.org/network-access-* labels. The Job without them is the control."""
+    ns, token = ann
+    job = cpu_job(k8s_plane, ns, f"lbl-{uuid.uuid4().hex[:6]}")
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+    assert code == 201, body
+    job["spec"]["template"]["metadata"]["labels"][key] = value
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), f"label {key} is not allowed")
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.kube_plane import nothing_created
 from tests.test_k8s_backend import private_agent_port  # noqa: F401
 from tfdist.backends.base import Launch
 from tfdist.backends.kubernetes import KubernetesBackend
@@ -462,7 +463,7 @@ async def test_refused_jobs_say_why_in_one_sentence_and_create_nothing(
     b = _backend(k8s_plane, _user_kubeconfig(k8s_plane, ns, tmp_path, who), ns, who, **env)
     name = f"j-{uuid.uuid4().hex[:6]}"
     try:
-        with pytest.raises(JobSpecError) as e:
+        with nothing_created(k8s_plane, ns, name), pytest.raises(JobSpecError) as e:
             await b.submit(JobSpec(name=name, user=who, backend="kubernetes", **kw), b"p", Launch())
         assert expected in str(e.value) and "\n" not in str(e.value), str(e.value)
         assert _left(k8s_plane, ns, name) == []
@@ -517,7 +518,10 @@ async def test_the_next_job_waits_for_the_quota_the_last_one_is_letting_go_of(k8
         await b.submit(JobSpec(name="first", **full), b"p", Launch())
         assert await collect(b, "first", lambda ev: ev.type == "state" and ev.state == "running")
         t0 = time.monotonic()
-        with pytest.raises(JobSpecError, match=r"exceed your quota of nvidia\.com/gpu: it needs 8, 8 of 8"):
+        with (
+            nothing_created(k8s_plane, ns, "blocked"),
+            pytest.raises(JobSpecError, match=r"exceed your quota of nvidia\.com/gpu: it needs 8, 8 of 8"),
+        ):
             await b.submit(JobSpec(name="blocked", **full), b"p", Launch())
         assert time.monotonic() - t0 < 10, "a job kept out by a running job must be refused at once"
         assert _left(k8s_plane, ns, "blocked") == []

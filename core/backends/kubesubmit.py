@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..errors import BackendUnavailable, JobSpecError, TfdistError
 from ..job import detach as dt
 from ..job.vocab import Reason
-from ..jobspec import JobSpec
+from ..jobspec import JobSpec, validate
 from ..kube import allreduce, transport
 from ..kube import datavolumes as dv
 from ..kube import manifests as mf
@@ -40,6 +40,8 @@ from .kubework import KubeJob
 # a job refused for quota that this user's ending jobs still hold waits this long for them to let go
 QUOTA_RELEASE_WAIT_S = 90.0
 UNRESUMED_AFTER_S = 120.0  # a root still suspended this long after its creation: a dead submit's leftover
+# the root's uid in its children's dry run (the root is not created yet)
+DRY_RUN_UID = "00000000-0000-0000-0000-000000000000"
 T = TypeVar("T")
 
 
@@ -116,6 +118,7 @@ class KubeSubmit:
                 "no image for the job's pods: the server sets TFDIST_WORKER_IMAGE (ask your admin)"
             )
         self.namespace = spec.namespace or self.namespace
+        validate(spec, None)  # the magic checked it too; a direct caller of the backend gets the same
         detach = spec.detach
         token = secrets.token_urlsafe(32)
         retention = self.retention().seconds  # the rule it was started under (tfdist.job.detach)
@@ -147,20 +150,12 @@ class KubeSubmit:
         await first_refusal(
             self._check_name(spec), self._check_queue(spec, build, root), self._check_quota(spec)
         )
-        self._claim(spec.name)
-        created: list[dict[str, Any]] = []
-        # All or nothing, also when the cell is interrupted half-way (CancelledError): the clean-up is
-        # shielded from the cancellation that triggered it. Every Job is created suspended and all of them
-        # are resumed together at the end: no pod of a job that is refused half-way ever exists, and no
-        # pod waits for another object of its job to be created after it.
-        try:
-            root = await self._create_translated(root, spec)
-            created.append(root)
-            owner = kn.root_reference(spec, root["metadata"]["uid"])
+
+        def children(root_uid: str) -> list[dict[str, Any]]:
             objects = build.job_objects(
                 spec,
                 token=token,
-                root=owner,
+                root=kn.root_reference(spec, root_uid),
                 notebook_labels=self.notebook_labels,
                 node_selector=self.node_selector,
                 tolerations=self.tolerations,
@@ -171,7 +166,23 @@ class KubeSubmit:
                 dv.with_data_volumes(obj, data)
                 if obj["kind"] == "Job":
                     obj["spec"]["suspend"] = True
-            await self._create_all(objects, spec, created)
+            return objects
+
+        # Every object through the API server's validation, admission and quota first, none stored: a job
+        # refused there (a worker Job the admission policy denies) is refused before its root, Secret,
+        # Service and policy exist even for a moment (a rollback would leave nothing, but they would have
+        # been there: other watchers, Kueue among them, would have seen them)
+        await self._dry_run([root, *children(DRY_RUN_UID)], spec)
+        self._claim(spec.name)
+        created: list[dict[str, Any]] = []
+        # All or nothing, also when the cell is interrupted half-way (CancelledError): the clean-up is
+        # shielded from the cancellation that triggered it. Every Job is created suspended and all of them
+        # are resumed together at the end: no pod of a job that is refused half-way ever exists, and no
+        # pod waits for another object of its job to be created after it.
+        try:
+            root = await self._create_translated(root, spec)
+            created.append(root)
+            await self._create_all(children(root["metadata"]["uid"]), spec, created)
             resumed = await self._resume_all([o for o in created if o["kind"] == "Job"], spec)
             root = resumed[0]
         except BaseException:
@@ -227,11 +238,17 @@ class KubeSubmit:
                 f"pick another --name or `%tfdist stop {spec.name}`"
             )
 
-    async def _create_translated(self, obj: dict[str, Any], spec: JobSpec) -> dict[str, Any]:
+    async def _create_translated(
+        self, obj: dict[str, Any], spec: JobSpec, dry_run: bool = False
+    ) -> dict[str, Any]:
         try:
-            return await self.kube.create(obj)
+            return await self.kube.create(obj, dry_run=dry_run)
         except Exception as exc:
             raise translate(exc, obj["kind"], obj["metadata"]["name"], spec.namespace or "") from None
+
+    async def _dry_run(self, objects: list[dict[str, Any]], spec: JobSpec) -> None:
+        """All of `objects` created with dryRun=All at once (one round trip); the first refusal raised."""
+        await all_then_first_error([self._create_translated(o, spec, dry_run=True) for o in objects])
 
     async def _create_all(
         self, objects: list[dict[str, Any]], spec: JobSpec, created: list[dict[str, Any]]

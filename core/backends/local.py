@@ -33,7 +33,7 @@ from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob
 from ..job.events import Event, Reader, SnapshotEvent, StateEvent, decode, dumps
 from ..job.vocab import TERMINAL, JobState, Reason
 from ..jobrecords import JobSummary
-from ..jobspec import JobSpec
+from ..jobspec import JobSpec, validate
 from ..jobview import JobView
 from ..procid import ProcessId
 from ..runtime.netns import IsolationUnavailable, isolation_prefix
@@ -104,6 +104,7 @@ class LocalBackend(DetachedJobs, Backend):
     # ------------------------------------------------------------------ submit
     async def submit(self, spec: JobSpec, payload: bytes, launch: Launch) -> None:
         self.unclaim(spec.name)
+        validate(spec, None)  # the magic checked it (with this server's GPUs); a direct caller gets the same
         prefix = self._isolation_prefix()
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         os.chmod(self.state_dir, 0o700)

@@ -104,8 +104,9 @@ class KubeApi:
             self._api = None
 
     # ------------------------------------------------------------------ objects
-    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create one of a job's objects (the kinds a job has); the created object as a dict."""
+    async def create(self, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Create one of a job's objects (the kinds a job has); the created object as a dict. `dry_run`:
+        through validation, admission and quota, and nothing stored."""
         from kubernetes_asyncio import client
 
         api = await self.api()
@@ -117,7 +118,7 @@ class KubeApi:
             "Service": core.create_namespaced_service,
             "Secret": core.create_namespaced_secret,
         }[kind]
-        out = await self.to_dict(await create(ns, obj))
+        out = await self.to_dict(await create(ns, obj, **({"dry_run": "All"} if dry_run else {})))
         out.setdefault("kind", kind)
         return out
 
