@@ -94,7 +94,8 @@ def parse_memory(text: str) -> int:
 
 
 def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
-    """Check a spec against itself and this server; raise JobSpecError with a user-facing message."""
+    """Check a spec against itself and this server (`available_gpus`: the local GPUs, None where not
+    known: a backend re-checking what the magic checked); raise JobSpecError with a user-facing message."""
     if not NAME_RE.match(spec.name):
         raise JobSpecError(
             f"--name {spec.name!r} is not valid: use 1-40 lowercase letters, digits and '-', "
@@ -146,8 +147,8 @@ def validate(spec: JobSpec, available_gpus: int | None) -> JobSpec:
     if spec.base_port is not None and not (1024 <= spec.base_port <= 65535 - spec.task_count):
         raise JobSpecError(f"--base-port {spec.base_port} is out of range (1024-{65535 - spec.task_count})")
     need = spec.workers * spec.gpus_per_worker
-    if need and spec.backend == "local":
-        have = available_gpus or 0
+    if need and spec.backend == "local" and available_gpus is not None:  # None: not known to the caller
+        have = available_gpus
         if need > have:
             raise JobSpecError(
                 f"--gpus-per-worker {spec.gpus_per_worker} x --workers {spec.workers} needs {need} GPUs, "
