@@ -467,6 +467,22 @@ def test_no_hugepages_which_no_quota_counts(k8s_plane, bob):
     refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "hugepages (hugepages-2Mi) are not allowed")
 
 
+def _our_network_policy(plane, ns: str, token: str) -> tuple[str, dict[str, Any]]:
+    """%%tfdist's own policy for a job of ann's (owned by a Job of hers), admitted as it is (the control):
+    the collection's path and the policy, to be made worse."""
+    from tfdist.jobspec import JobSpec
+    from tfdist.kube.access import network_policy
+
+    owner = _owned_by_job(plane, token, ns)
+    netpols = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+    ours = network_policy(
+        JobSpec(name=f"np-{uuid.uuid4().hex[:6]}", user="ann"), owner, {"app": "jupyterhub"}
+    )
+    code, body = call(plane, token, "POST", netpols + "?dryRun=All", ours)
+    assert code == 201, body
+    return netpols, ours
+
+
 def _owned_by_job(plane, token: str, ns: str) -> dict[str, Any]:
     name = f"own-{uuid.uuid4().hex[:6]}"
     code, job = call(plane, token, "POST", jobs_path(ns), cpu_job(plane, ns, name))
@@ -897,17 +913,8 @@ def test_a_user_cannot_write_megabytes_at_a_time(k8s_plane, ann):
 def test_a_jobs_network_policy_admits_only_its_namespaces_pods(k8s_plane, ann, peer):
     """A TF server runs any graph sent to it: a user's own policy could open their job's servers to every
     namespace (or address) of the cluster. %%tfdist's own policy is the control."""
-    from tfdist.jobspec import JobSpec
-    from tfdist.kube.access import network_policy
-
     ns, token = ann
-    owner = _owned_by_job(k8s_plane, token, ns)
-    netpols = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
-    ours = network_policy(
-        JobSpec(name=f"np-{uuid.uuid4().hex[:6]}", user="ann"), owner, {"app": "jupyterhub"}
-    )
-    code, body = call(k8s_plane, token, "POST", netpols + "?dryRun=All", ours)
-    assert code == 201, body
+    netpols, ours = _our_network_policy(k8s_plane, ns, token)
     rule = {"ports": [{"protocol": "TCP", "port": 2222}]} | ({"from": [peer]} if peer else {})
     ours["spec"]["ingress"].append(rule)
     refused(call(k8s_plane, token, "POST", netpols, ours), "may admit only pods of your namespace")
@@ -1053,17 +1060,8 @@ def test_a_network_policys_selectors_are_bounded(k8s_plane, ann, where):
     in a matchExpressions, rewritten in a loop, costs every node (a crashed agent enforces nothing, and
     enforcement is all that guards everyone's TensorFlow servers). %%tfdist's policy selects by matchLabels
     only (the control)."""
-    from tfdist.jobspec import JobSpec
-    from tfdist.kube.access import network_policy
-
     ns, token = ann
-    owner = _owned_by_job(k8s_plane, token, ns)
-    netpols = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
-    ours = network_policy(
-        JobSpec(name=f"np-{uuid.uuid4().hex[:6]}", user="ann"), owner, {"app": "jupyterhub"}
-    )
-    code, body = call(k8s_plane, token, "POST", netpols + "?dryRun=All", ours)
-    assert code == 201, body
+    netpols, ours = _our_network_policy(k8s_plane, ns, token)
     huge = {
         "matchExpressions": [{"key": "app", "operator": "NotIn", "values": [f"v{i}" for i in range(20_000)]}]
     }
