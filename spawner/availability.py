@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 STALE_AFTER_BACKOFF_S = 8.0  # after 0.5+1+2+4 s of failed retries (~7.5 s)
+LIST_PAGE = 500  # objects per list request of the GPU view
 log = logging.getLogger(__name__)
 
 
@@ -286,7 +287,8 @@ class ClusterGpuView:
 
         kwargs: dict[str, Any] = {}
         if kind == "pods":
-            kwargs["field_selector"] = "status.phase!=Succeeded,status.phase!=Failed"
+            # only pods that hold GPUs: bound to a node, not finished (a watch says ADDED when one binds)
+            kwargs["field_selector"] = "status.phase!=Succeeded,status.phase!=Failed,spec.nodeName!="
         delay = 0.5
         rv: str | None = None
         while True:
@@ -321,17 +323,30 @@ class ClusterGpuView:
     async def _list(self, kind: str, list_fn: Any, apply: Any, kwargs: dict[str, Any]) -> str:
         import json
 
-        resp = await list_fn(_preload_content=False, **kwargs)
-        data = json.loads(await resp.read())
+        # in pages: how many pods the cluster holds is its users' doing, and one answer of all of them
+        # would be read and parsed whole in the hub's event loop (the pages are one snapshot: its version)
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        version = ""
+        while True:
+            page = {"limit": LIST_PAGE} | ({"_continue": token} if token else {})
+            resp = await list_fn(_preload_content=False, **kwargs, **page)
+            data = json.loads(await resp.read())
+            items += data.get("items") or []
+            meta = data.get("metadata") or {}
+            version = version or str(meta["resourceVersion"])
+            token = meta.get("continue")
+            if not token:
+                break
         if kind == "nodes":
             self.nodes = {}
         else:
             self.pods = {}
         self._version += 1
-        for item in data.get("items") or []:
+        for item in items:
             apply("ADDED", item)
         self._loaded[kind] = True
-        return str(data["metadata"]["resourceVersion"])
+        return version
 
     async def _watch(self, list_fn: Any, rv: str, apply: Any, kwargs: dict[str, Any]) -> str:
         """One watch request from `rv`; returns the last resourceVersion seen when the server ends it."""

@@ -67,6 +67,12 @@ class KubeTenancyMixin:
             gpu_quota=quota,
             gpu_resource=model.resource if model is not None else "",
             max_gpus_per_pod=profile.gpus.max if model is not None else 0,
+            cpu_per_gpu=model.cpu_per_gpu if model is not None else None,
+            memory_per_gpu_bytes=(
+                None
+                if model is None or model.memory_gib_per_gpu is None
+                else int(model.memory_gib_per_gpu * 2**30)
+            ),
             node_selector=dict(model.node_selector) if model is not None else {},
             tolerations=tolerations,
             required_tolerations=[t.as_k8s() for t in model.tolerations] if model is not None else [],

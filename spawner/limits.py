@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import signal
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,15 +200,30 @@ class CgroupV2:
 
     @staticmethod
     def remove_path(path: Path) -> None:
-        """Kill whatever still runs in the cgroup at `path` (cgroup.kill), then remove it."""
+        """Kill whatever still runs in the cgroup at `path` (cgroup.kill), then remove it: once the kernel
+        says it is empty (the kill is asynchronous; a cgroup with a process left in it cannot be removed)."""
         if not path.exists():
             return
         kill = path / "cgroup.kill"
         with contextlib.suppress(OSError):
             if kill.exists():
                 kill.write_text("1")
+        deadline = time.monotonic() + KILL_WAIT_S
+        while time.monotonic() < deadline and _populated(path):
+            time.sleep(0.01)
         with contextlib.suppress(OSError):
             path.rmdir()
+
+
+KILL_WAIT_S = 2.0  # how long remove_path waits for cgroup.kill's victims to be gone
+
+
+def _populated(path: Path) -> bool:
+    """cgroup.events' `populated`: a process is left in the cgroup or below it (False when unreadable)."""
+    try:
+        return "populated 1" in (path / "cgroup.events").read_text()
+    except OSError:
+        return False
 
 
 def tree_rss(pid: int) -> list[tuple[int, int]]:

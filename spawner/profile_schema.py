@@ -124,6 +124,11 @@ class GpuModel(_Strict):
     tolerations: list[Toleration] = Field(default_factory=list)
     #: embedded mode: a regex that must fully match the NVML device name, e.g. "NVIDIA H100.*"
     nvml_name: str = ".*"
+    #: a node's share per GPU (its CPUs and memory over its GPUs): a pod with N GPUs of this model, a
+    #: notebook or a %%tfdist task, may ask for at most N shares, so no one pod keeps the other GPUs of
+    #: its node from being used (96 CPUs and 8 GPUs: 12); unset, only the profile's quotas bound them
+    cpu_per_gpu: float | None = Field(None, gt=0, le=4096)
+    memory_gib_per_gpu: float | None = Field(None, gt=0, le=65536)
 
     @field_validator("resource")
     @classmethod

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .profiles import Profile, ProfilesConfig
+from .profiles import GpuModel, Profile, ProfilesConfig
 
 __all__ = [
     "OPTION_KEYS",
@@ -213,6 +213,22 @@ def _in_range(val: float, lo: float, hi: float, key: str, label: str, unit: str,
         )
 
 
+def _within_share(model: GpuModel, gpus: int, cpu: float, mem: float) -> None:
+    """A node's share per GPU (GpuModel.cpu_per_gpu): more CPUs or memory than `gpus` shares would keep the
+    node's other GPUs from everyone (the admission policy bounds %%tfdist's pods the same way)."""
+    for per, asked, key, label, unit in (
+        (model.cpu_per_gpu, cpu, "cpu", "CPU", " cores"),
+        (model.memory_gib_per_gpu, mem, "memory", "Memory", " GiB"),
+    ):
+        if per is not None and asked > per * gpus:
+            raise OptionsError(
+                f"{label}: at most {_fmt(per)}{unit} per GPU of {model.display_name} (a node's share per "
+                f"GPU), so at most {_fmt(per * gpus)}{unit} with {gpus} GPU{'s' if gpus != 1 else ''}; "
+                f"you asked for {_fmt(asked)}. Ask for less, or for more GPUs.",
+                key,
+            )
+
+
 def _required_keys(profile: Profile) -> list[str]:
     keys = ["profile", "cpu", "memory", "image"]
     if profile.offers_gpus:
@@ -321,6 +337,8 @@ def validate_options(raw: Any, cfg: ProfilesConfig, ctx: UserContext) -> Choice:
                     "gpu_model",
                 )
             model = m if gpus > 0 else None
+    if model is not None:
+        _within_share(cfg.gpu_models[model], gpus, cpu, mem)
 
     image = _string(opts["image"], "image", "image")
     listed = {i.image for i in profile.images}

@@ -39,7 +39,7 @@ CHART = SHARED / "vendor" / "z2jh-4.4.0" / "jupyterhub"
 RELEASE = NAMESPACE = "jhub"
 VALUES = REPO / "hub_config" / "values.yaml"
 PROFILES = REPO / "hub_config" / "profiles.yaml"
-TENANCY_RBAC = ("rbac-hub-tenancy.yaml", "rbac-hub-gpu-view.yaml")
+TENANCY_RBAC = ("rbac-hub-tenancy.yaml", "rbac-hub-gpu-view.yaml", "flowcontrol.yaml")
 ADMIN = "admin"
 IMAGES = ("hub", "proxy", "notebook", "job")
 DB_PV = "tfdist-jhub-hub-db"
@@ -150,7 +150,7 @@ def db_volume(path: Path) -> dict:
 
 
 def tenancy_manifests(namespace: str = NAMESPACE) -> str:
-    """The recipe's `sed 's/NAMESPACE/jhub/' hub_config/rbac-hub-*.yaml`."""
+    """The recipe's `sed 's/NAMESPACE/jhub/' hub_config/{rbac-hub-*,flowcontrol}.yaml`."""
     return "\n---\n".join(
         (REPO / "hub_config" / f).read_text().replace("NAMESPACE", namespace) for f in TENANCY_RBAC
     )

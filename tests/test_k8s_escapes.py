@@ -1091,3 +1091,73 @@ def test_a_jobs_pods_cannot_pass_for_the_hubs_own(k8s_plane, ann, key, value):
     job["spec"]["template"]["metadata"]["labels"][key] = value
     refused(call(k8s_plane, token, "POST", jobs_path(ns), job), f"label {key} is not allowed")
     assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
+
+
+# ------------------------------------------- review of stop 42, finding 3: one GPU and a whole node's CPUs
+SHARE_CPU, SHARE_MEMORY = 4, 16 * 2**30  # the model's cpu_per_gpu, memory_gib_per_gpu (as if 32 CPUs, 8 GPUs)
+
+
+@pytest.fixture
+async def ann_shared(k8s_plane, users, ann):
+    """ann's namespace converged by the hub for a model with a node's share per GPU (GpuModel.cpu_per_gpu);
+    returned once the admission policy reads the new parameters (a dry run of the share's overrun refused)."""
+    ns, token = ann
+    policy = tenancy_tests.gpu_policy(
+        "ann", ns, hub_namespace=users["hub"], cpu_per_gpu=SHARE_CPU, memory_per_gpu_bytes=SHARE_MEMORY
+    )
+    async with tenancy_tests._api_for_token(k8s_plane, _token(k8s_plane, users["hub"], "hub")) as api:
+        await prepare_user_namespace(api, policy)
+    probe = gpu_job(k8s_plane, ns, "share-probe")
+    probe["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "64"
+    deadline = time.monotonic() + 30
+    while call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", probe)[0] == 201:
+        assert time.monotonic() < deadline, "the policy never read the share per GPU"
+        time.sleep(0.2)
+    return ns, token
+
+
+def _resources(job: dict[str, Any], *containers: dict[str, Any]) -> dict[str, Any]:
+    pod = job["spec"]["template"]["spec"]
+    pod["containers"] = [
+        {**pod["containers"][0], "name": f"c{i}", "resources": r} for i, r in enumerate(containers)
+    ]
+    return job
+
+
+@pytest.mark.parametrize(
+    ("containers", "says"),
+    [
+        ([{"limits": {"nvidia.com/gpu": "1", "cpu": "94", "memory": "1Gi"}}], "asks for 94 CPUs with 1"),
+        # a request above the LimitRange's default limit counts as the request
+        ([{"limits": {"nvidia.com/gpu": "1", "memory": "1Gi"}, "requests": {"cpu": "94000m"}}], "94 CPUs"),
+        # the whole pod: two containers of 3 CPUs each with one GPU
+        (
+            [
+                {"limits": {"nvidia.com/gpu": "1", "cpu": "3", "memory": "1Gi"}},
+                {"limits": {"cpu": "3", "memory": "1Gi"}},
+            ],
+            "asks for 6 CPUs with 1",
+        ),
+        ([{"limits": {"nvidia.com/gpu": "1", "cpu": "1", "memory": "700Gi"}}], "GiB of memory per GPU"),
+        ([{"limits": {"nvidia.com/gpu": "2", "cpu": "9", "memory": "1Gi"}}], "asks for 9 CPUs with 2"),
+    ],
+    ids=["cpu-limit", "cpu-request", "two-containers", "memory", "two-gpus"],
+)
+def test_a_gpu_pod_holds_at_most_its_gpus_share_of_a_node(k8s_plane, ann_shared, containers, says):
+    """One GPU with 94 CPUs (or 700 GiB) of a 96-CPU, 8-GPU node keeps its 7 other GPUs from everyone and
+    takes the team queue's CPUs. Admitted before (no CPU or memory rule, no LimitRange max)."""
+    ns, token = ann_shared
+    job = _resources(gpu_job(k8s_plane, ns, f"sh-{uuid.uuid4().hex[:6]}"), *containers)
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "per GPU", says)
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None
+    # the controls: the shares exactly (a container without a limit counts the LimitRange's default, 1 CPU
+    # and 2 GiB); a pod without GPUs is bounded by the quota only
+    for fits in (
+        [{"limits": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "16Gi"}}],
+        [{"limits": {"nvidia.com/gpu": "2", "cpu": "7", "memory": "1Gi"}}, {}],
+    ):
+        ok = _resources(gpu_job(k8s_plane, ns, f"ok-{uuid.uuid4().hex[:6]}"), *fits)
+        code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", ok)
+        assert code == 201, body
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", cpu_job(k8s_plane, ns, "cpu"))
+    assert code == 201, body

@@ -18,6 +18,7 @@ import json
 import socket
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ def api_version():
     with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
         return "%s %s" % (r.status, json.load(r)["gitVersion"])
 
-out["peer"] = connect(T["peer"], 8080, time.monotonic() + 60)
+out["peer"] = connect(T["peer"], 8080, time.monotonic() + 60) if T.get("peer") else "SKIPPED"
 print("PEER", out["peer"], flush=True)
 end = time.monotonic() + 10
 jobs = {
@@ -175,6 +176,16 @@ def tenant_ns(real_cluster, tmp_path) -> Iterator[str]:
         drop_tenant(real_cluster, tenant)
 
 
+def _probe(real_cluster, ns: str, name: str, targets: dict[str, Any]) -> dict[str, str]:
+    """PROBE's verdict per target, from a pod `name` of `ns`."""
+    script = PROBE.replace("__TARGETS__", json.dumps(targets))
+    phase, logs = real_cluster.run_to_end(ns, name, script, timeout=180)
+    assert phase == "Succeeded", logs
+    line = next((x for x in logs.splitlines() if x.startswith("RESULT ")), None)
+    assert line, logs
+    return json.loads(line[len("RESULT ") :])
+
+
 def test_user_pod_reaches_only_dns_api_hub_and_its_namespace(real_cluster, tenant_ns, host_listeners):
     ns, node = tenant_ns, real_cluster.state["node_ip"]
     # another pod of the namespace, admitted by an ingress policy as a job's own policy would admit peers
@@ -199,12 +210,7 @@ def test_user_pod_reaches_only_dns_api_hub_and_its_namespace(real_cluster, tenan
         "other_port": host_listeners["other"].port,
         "metadata": METADATA_IP,
     }
-    script = PROBE.replace("__TARGETS__", json.dumps(targets))
-    phase, logs = real_cluster.run_to_end(ns, "attacker", script, timeout=180)
-    assert phase == "Succeeded", logs
-    line = next((x for x in logs.splitlines() if x.startswith("RESULT ")), None)
-    assert line, logs
-    got = json.loads(line[len("RESULT ") :])
+    got = _probe(real_cluster, ns, "attacker", targets)
     why = f"{got}\nkube-router's log:\n{realnode.tail('kube-router', 20)}"
     # what a notebook and its jobs need
     assert got["peer"].startswith("CONNECTED"), why
@@ -214,5 +220,14 @@ def test_user_pod_reaches_only_dns_api_hub_and_its_namespace(real_cluster, tenan
     # and nothing else of the node or its link-local range, for 10 s of tries each
     for target in ("kubelet", "other_port", "metadata"):
         assert got[target].startswith("BLOCKED"), (target, why)
+    # the control: the same probe from a namespace without the tenant's policies reaches each of them, so
+    # BLOCKED above is the policy's doing, not an address that nothing routes or answers
+    plain = real_cluster.create_namespace(f"egress-control-{uuid.uuid4().hex[:6]}")
+    try:
+        control = _probe(real_cluster, plain, "control", {**targets, "peer": None})
+    finally:
+        real_cluster.request("DELETE", f"/api/v1/namespaces/{plain}")
+    for target in ("kubelet", "other_port", "metadata"):
+        assert control[target].startswith("CONNECTED"), (target, control)
     pols = real_cluster.get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")["items"]
     assert "tfdist-default-egress" in [p["metadata"]["name"] for p in pols]

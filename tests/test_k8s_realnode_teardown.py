@@ -5,6 +5,7 @@ would wait for a fresh `up`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests import realnode
@@ -62,15 +64,42 @@ def test_down_after_kill_9_of_everything_leaves_nothing(real_cluster, real_ns):
     real_cluster.wait_pod(real_ns, "sleeper", ("Running",))
     victims = realnode.our_processes(realnode.load_state())
     assert any(p.name == "kubelet" for p in victims) and any("shim" in p.name for p in victims), victims
+    # everything the shims run (every pod's pause sandbox and containers, this test's and earlier ones'):
+    # none of it names the state directory, so only this list can tell that it is gone after `down`
+    contained = [c for p in victims if "shim" in p.name for c in _descendants(p.pid)]
+    shown = {c.pid: " ".join(c.info["cmdline"]) for c in contained}
+    assert any("time.sleep(600)" in cmd for cmd in shown.values()), shown
+    assert any("pause" in cmd for cmd in shown.values()), shown
     for p in victims:
         os.kill(p.pid, signal.SIGKILL)
     time.sleep(1)
     r = realnode_cli("down", timeout=300)
     assert r.returncode == 0, r.stderr
     _nothing_left(before)
-    # A sleeper container whose shim died is gone too (runc killed it); no python3 sleeper is left.
+    # a container whose shim died is gone too (runc killed it)
+    alive = [c for c in contained if _alive(c)]
+    assert alive == [], {c.pid: shown[c.pid] for c in alive}
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "time.sleep(600)" not in ps
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    for k in kids:
+        with contextlib.suppress(psutil.Error):
+            k.info = {"cmdline": k.cmdline() or [k.name()]}
+    return [k for k in kids if hasattr(k, "info")]
+
+
+def _alive(p: psutil.Process) -> bool:
+    """The same process (is_running compares its start time: a PID may be reused), not a zombie."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def test_up_refuses_a_taken_port_and_starts_nothing():

@@ -494,15 +494,23 @@ async def test_quota_binds_even_without_the_kernels_check_and_a_good_job_is_admi
         spec = JobSpec(
             name="over", user="ann", backend="kubernetes", workers=1, gpus_per_worker=1, timeout_s=6
         )
-        await b.submit(spec, b"p", Launch())
-        evs = await collect(b, "over", lambda ev: ev.type == "state" and ev.state == "failed")
+        # every pod of the job, watched from before its submit: one created and deleted with the Job at
+        # the timeout would pass a look afterwards
+        with k8s_plane.watching(f"/api/v1/namespaces/{ns}/pods?labelSelector={kn.L_JOB}%3Dover") as seen:
+            await b.submit(spec, b"p", Launch())
+            evs = await collect(b, "over", lambda ev: ev.type == "state" and ev.state == "failed")
         assert "exceed your quota of nvidia.com/gpu: it asks for 1 more, 8 of 8" in evs[-1].message, evs[-1]
-        assert not [
-            p
-            for p in k8s_plane.get(f"/api/v1/namespaces/{ns}/pods")["items"]
-            if p["metadata"]["labels"].get(kn.L_JOB) == "over"
-            and p["metadata"]["labels"].get(kn.L_ROLE) == "worker"
+        workers = [e for e in seen if e["object"]["metadata"].get("labels", {}).get(kn.L_ROLE) == "worker"]
+        assert workers == [], [(e["type"], e["object"]["metadata"]["name"]) for e in workers]
+        # and it was the quota that kept them out: the Job controller's FailedCreate says so
+        refusals = [
+            e["message"]
+            for e in k8s_plane.get(f"/api/v1/namespaces/{ns}/events")["items"]
+            if e["reason"] == "FailedCreate"
+            and e["involvedObject"]["kind"] == "Job"
+            and e["involvedObject"]["name"].startswith("over")
         ]
+        assert any("exceeded quota" in m and "nvidia.com/gpu" in m for m in refusals), refusals
     finally:
         await b.stop("fits")
         await b.close()

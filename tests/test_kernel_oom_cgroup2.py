@@ -58,7 +58,7 @@ def _memory_controller(root: Path) -> bool:
 
 def test_a_parent_without_the_memory_controller_is_refused_with_a_sentence(cgroup2_root: Path) -> None:
     if _memory_controller(cgroup2_root):
-        pytest.skip("the memory controller is on cgroup v2 here (test_kernel_oom's v2 case applies)")
+        pytest.skip("the memory controller is on cgroup v2 here, so there is no refusal to test")
     cg, why = find_cgroup_parent(str(cgroup2_root))
     assert cg is None
     assert why == f"the memory controller is not delegated to {cgroup2_root}"

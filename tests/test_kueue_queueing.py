@@ -329,3 +329,52 @@ def test_covers_ignores_defaults_and_compares_quantities_by_value():
         want, {**live, "resourceGroups": [{"flavors": [{"name": "a", "nominalQuota": "16"}]}]}
     )
     assert not q.covers({"l": [1, 2]}, {"l": [1]})
+
+
+class _RecordingApi:
+    """kubernetes_asyncio's ApiClient.call_api as queueing_apply uses it: records each request, answers
+    from `answers` by path (404 where it has none, as the API server does)."""
+
+    def __init__(self, answers: dict[str, dict]) -> None:
+        self.answers, self.calls = answers, []
+
+    async def call_api(self, path, method, query_params=(), **_):
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        self.calls.append((method, path, list(query_params)))
+        if path not in self.answers:
+            raise ApiException(status=404, reason="Not Found")
+        return self.answers[path]
+
+
+def _pod_workload(uid: str) -> dict:
+    return {
+        "metadata": {"name": "pod-nb-1", "namespace": "u1", "ownerReferences": [{"uid": uid}]},
+        "spec": {"queueName": "team"},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "message": "no GPUs"}]},
+    }
+
+
+@pytest.mark.parametrize("visibility", [True, False], ids=["visibility", "own-workloads"])
+async def test_the_hubs_queue_poll_reads_the_users_namespace_only(visibility):
+    """The hub polls every 2 s while a GPU server waits: it finds the pod's Workload by Kueue's job-uid
+    label in the user's namespace and its place from the LocalQueue, never a list of every namespace's
+    Workloads (whose number other users control)."""
+    from tfdist.kube import queueing_apply as qa
+
+    wls = "/apis/kueue.x-k8s.io/v1beta2/namespaces/u1/workloads"
+    answers = {wls: {"items": [_pod_workload("p-uid")]}}
+    if visibility:
+        answers[f"{qa.VISIBILITY}/namespaces/u1/localqueues/team/pendingworkloads"] = {
+            "items": [{"metadata": {"name": "pod-nb-1", "namespace": "u1"}, "positionInClusterQueue": 3}]
+        }
+    api = _RecordingApi(answers)
+    wait = await qa.pod_wait(api, "u1", "p-uid")
+    assert wait is not None and wait.reason == "no GPUs"
+    assert (wait.position.position, wait.position.source) == (
+        (4, "visibility") if visibility else (1, "workloads")
+    )
+    assert api.calls[0] == ("GET", wls, [("labelSelector", "kueue.x-k8s.io/job-uid=p-uid")])
+    assert all("/namespaces/u1/" in path for _, path, _ in api.calls), api.calls
+    # another pod's Workload under the same label (a label is not proof) is not this pod's
+    assert await qa.pod_wait(_RecordingApi({wls: {"items": [_pod_workload("other")]}}), "u1", "p-uid") is None

@@ -130,11 +130,15 @@ def test_port_already_in_use(tf_kernel, monkeypatch):
             timeout=30,
         )
         assert r.error is None, r.error_text
+        before = jobs_in(tf_kernel.state_dir)
         try:
             r = tf_kernel.execute(f"%%tfdist run --base-port {port}\n" + FIT, timeout=120)
         finally:
             tf_kernel.execute("del os.environ['TFDIST_ISOLATION']\n_magics._backends.clear()", timeout=30)
         assert f"port {port} is already in use" in r.error_text, r.error_text
+        # nothing runs and nothing is left: no job record, no task process
+        assert jobs_in(tf_kernel.state_dir) == before
+        assert not job_processes()
 
 
 def test_a_task_larger_than_the_whole_server_is_refused(tf_kernel):

@@ -149,3 +149,39 @@ def test_view_that_keeps_failing_reports_unknown_not_old_numbers() -> None:
     assert view.availability(MODELS) is not None
     view._note_failure("pods", ConnectionError("api away"), 8.0)  # failing for a while: stale
     assert view.availability(MODELS) is None
+
+
+async def test_the_view_lists_in_pages_of_one_snapshot() -> None:
+    """How many pods a cluster holds is its users' doing: the view reads them LIST_PAGE at a time, follows
+    `continue` to the end, and watches from the snapshot's version (the first page's)."""
+    import json
+
+    from tfdist.spawner import availability
+
+    calls: list[dict[str, Any]] = []
+    pages = [
+        ([pod("a", "n1", 1), pod("b", "n1", 2)], "t1", "100"),
+        ([pod("c", "n1", 1)], None, "100"),
+    ]
+
+    class Resp:
+        def __init__(self, body: dict[str, Any]) -> None:
+            self.body = body
+
+        async def read(self) -> bytes:
+            return json.dumps(self.body).encode()
+
+    async def list_fn(**kw: Any) -> Resp:
+        calls.append(kw)
+        items, token, rv = pages[len(calls) - 1]
+        meta = {"resourceVersion": rv} | ({"continue": token} if token else {})
+        return Resp({"items": items, "metadata": meta})
+
+    view = ClusterGpuView(api=None)
+    sel = {"field_selector": "status.phase!=Succeeded,status.phase!=Failed,spec.nodeName!="}
+    assert await view._list("pods", list_fn, view.apply_pod, sel) == "100"
+    assert sorted(view.pods) == ["ns/a", "ns/b", "ns/c"]
+    assert [c.get("_continue") for c in calls] == [None, "t1"]
+    assert all(
+        c["limit"] == availability.LIST_PAGE and c["field_selector"] == sel["field_selector"] for c in calls
+    )

@@ -123,6 +123,25 @@ async def test_gpu_choice_pod_manifest(kubeconfig: None) -> None:
     assert "NVIDIA_VISIBLE_DEVICES" not in env
 
 
+async def test_the_models_share_per_gpu_reaches_the_admission_policy(kubeconfig: None) -> None:
+    """hub_config/profiles.yaml's h100: 24 CPUs and 240 GiB per GPU; the user namespace's policy parameters
+    carry them (tfdist-user-placement bounds %%tfdist's GPU pods by them); a model without them, none."""
+    from tfdist.kube import tenancy
+
+    sp = make_spawner(["ml-team"])
+    image = "quay.io/jupyter/tensorflow-notebook:cuda-2026-06-01"
+    await _manifest(
+        sp, {"profile": "gpu", "cpu": 4, "memory": 32, "gpus": 1, "gpu_model": "h100", "image": image}
+    )
+    params = tenancy.policy_params(sp.tenant_policy())["data"]
+    assert (params["cpuPerGpu"], params["memoryPerGpu"]) == ("24", str(240 * 2**30))
+    assert (params["defaultCpu"], params["defaultMemory"]) == ("1", "2Gi")  # the LimitRange's
+    mig = {"profile": "gpu", "cpu": 4, "memory": 32, "gpus": 1, "gpu_model": "a100-mig-1g", "image": image}
+    await _manifest(sp, mig)
+    params = tenancy.policy_params(sp.tenant_policy())["data"]
+    assert (params["cpuPerGpu"], params["memoryPerGpu"]) == ("", "")
+
+
 async def test_the_admins_lifeline_grace_reaches_the_kernel_bad_ones_refused(kubeconfig: None) -> None:
     from traitlets import TraitError
 

@@ -21,6 +21,7 @@ _sys.path.insert(0, str(Path(__file__).parent / "doubles"))
 from fake_nvml import FakeNvmlInventory
 from hub_objects import FakeHub, FakeHubUser
 
+from tests.test_kernel_oom_cgroup2 import cgroup2_root  # noqa: F401  (the real cgroup2 hierarchy)
 from tfdist.procid import ProcessId, boot_id, start_time
 from tfdist.spawner import local
 from tfdist.spawner.allocator import CorePicker, GpuAllocator, GpuShortage, ModelAvailability
@@ -344,21 +345,31 @@ async def test_load_state_restores_cgroup(fresh_hub_objects: CorePicker, tmp_pat
 
 
 async def test_a_server_that_died_while_the_hub_was_down_leaves_nothing_in_its_cgroup(
-    fresh_hub_objects: CorePicker, tmp_path: Path
+    fresh_hub_objects: CorePicker,
+    cgroup2_root: Path,  # noqa: F811  (the fixture imported above)
 ) -> None:
     """The server died while the hub was down; a detached job of it (a session of its own) still runs in
-    its cgroup. Its GPUs were left to the next spawn and nothing ended that job, which kept using them."""
+    its cgroup, a real one. Its GPUs were left to the next spawn and nothing ended that job, which kept
+    using them: now it is dead once load_state returns, and its cgroup is gone."""
     server = _sleeper()
     saved = {**saved_process(ProcessId.of(server.pid)), "tfdist_gpus": [0, 1]}
     _end(server)
-    cgroup = tmp_path / CgroupV2.name_for("alice/")
+    cgroup = cgroup2_root / CgroupV2.name_for("alice/")
     cgroup.mkdir()
-    (cgroup / "cgroup.kill").write_text("0")
-    sp = _spawner()
-    sp.load_state({**saved, "tfdist_cgroup": str(cgroup)})
-    assert sp.pid == 0 and sp.tfdist_allocator().held_by("alice/") == []
-    assert (cgroup / "cgroup.kill").read_text() == "1", "what the dead server left runs on"
-    sp.clear_state()
+    job = _sleeper()
+    try:
+        (cgroup / "cgroup.procs").write_text(str(job.pid))
+        assert (cgroup / "cgroup.procs").read_text().split() == [str(job.pid)]
+        sp = _spawner()
+        sp.load_state({**saved, "tfdist_cgroup": str(cgroup)})
+        assert sp.pid == 0 and sp.tfdist_allocator().held_by("alice/") == []
+        assert job.poll() == -signal.SIGKILL, "what the dead server left runs on"
+        assert not cgroup.exists()
+        sp.clear_state()
+    finally:
+        _end(job)
+        if cgroup.exists():
+            CgroupV2.remove_path(cgroup)
 
 
 async def test_load_state_ignores_a_foreign_cgroup_path(

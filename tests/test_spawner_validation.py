@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -11,34 +12,33 @@ from tfdist.spawner.form import CUSTOM_IMAGE, form_to_raw, render_form
 from tfdist.spawner.profiles import parse_profiles
 from tfdist.spawner.validation import OptionsError, UserContext, validate_options
 
-CFG = parse_profiles(
-    {
-        "gpu_models": {"h100": {"display_name": "H100 <i>80GB</i>", "nvml_name": "NVIDIA H100.*"}},
-        "profiles": [
-            {
-                "slug": "cpu",
-                "display_name": "CPU",
-                "groups": ["*"],
-                "cpu": {"min": 0.5, "max": 4, "default": 1},
-                "memory_gib": {"min": 0.5, "max": 8, "default": 1},
-                "images": ["a:1"],
-            },
-            {
-                "slug": "gpu",
-                "display_name": "GPU",
-                "description": "<script>x()</script>",
-                "groups": ["ml"],
-                "cpu": {"min": 1, "max": 8, "default": 2},
-                "memory_gib": {"min": 1, "max": 64, "default": 4},
-                "gpus": {"min": 1, "max": 4, "default": 1},
-                "gpu_models": ["h100"],
-                "max_gpus_per_user": 3,
-                "images": ["a:1"],
-                "custom_image": {"regex": r"reg\.io/[a-z]+:[0-9.]+"},
-            },
-        ],
-    }
-)
+RAW: dict = {
+    "gpu_models": {"h100": {"display_name": "H100 <i>80GB</i>", "nvml_name": "NVIDIA H100.*"}},
+    "profiles": [
+        {
+            "slug": "cpu",
+            "display_name": "CPU",
+            "groups": ["*"],
+            "cpu": {"min": 0.5, "max": 4, "default": 1},
+            "memory_gib": {"min": 0.5, "max": 8, "default": 1},
+            "images": ["a:1"],
+        },
+        {
+            "slug": "gpu",
+            "display_name": "GPU",
+            "description": "<script>x()</script>",
+            "groups": ["ml"],
+            "cpu": {"min": 1, "max": 8, "default": 2},
+            "memory_gib": {"min": 1, "max": 64, "default": 4},
+            "gpus": {"min": 1, "max": 4, "default": 1},
+            "gpu_models": ["h100"],
+            "max_gpus_per_user": 3,
+            "images": ["a:1"],
+            "custom_image": {"regex": r"reg\.io/[a-z]+:[0-9.]+"},
+        },
+    ],
+}
+CFG = parse_profiles(RAW)
 ML = UserContext(groups=frozenset({"ml"}))
 
 
@@ -125,6 +125,24 @@ def test_gpus_must_fit_on_one_node() -> None:
     assert validate_options(opts, CFG, local).gpus == 3
     with pytest.raises(OptionsError, match="only 2 free right now"):
         validate_options(opts, CFG, UserContext(groups=frozenset({"ml"}), free_gpus={"h100": 2}))
+
+
+def test_a_gpu_server_asks_for_at_most_its_gpus_share_of_a_node() -> None:
+    """A model's cpu_per_gpu / memory_gib_per_gpu: one GPU with a whole node's CPUs would strand the rest."""
+    raw = copy.deepcopy(RAW)
+    raw["gpu_models"]["h100"] |= {"cpu_per_gpu": 3, "memory_gib_per_gpu": 10}
+    shared = parse_profiles(raw)
+    opts = {"profile": "gpu", "cpu": 4, "memory": 4, "gpus": 1, "gpu_model": "h100", "image": "a:1"}
+    with pytest.raises(OptionsError) as e:
+        validate_options(opts, shared, ML)
+    assert e.value.field == "cpu"
+    assert "at most 3 cores per GPU of H100 <i>80GB</i>" in str(e.value) and "you asked for 4" in str(e.value)
+    with pytest.raises(OptionsError, match="Memory: at most 10 GiB per GPU") as e:
+        validate_options({**opts, "cpu": 3, "memory": 11}, shared, ML)
+    assert e.value.field == "memory"
+    # two GPUs, two shares; the same options without the shares pass as before
+    assert validate_options({**opts, "gpus": 2, "memory": 20}, shared, ML).cpu == 4
+    assert validate_options(opts, CFG, ML).cpu == 4
 
 
 def test_form_to_raw() -> None:

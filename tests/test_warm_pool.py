@@ -169,6 +169,9 @@ def test_second_run_takes_the_pool_behaves_fresh_and_dies_with_the_kernel(tmp_pa
         owned = [again["pid"], again["forkserver"]]
         os.kill(k.pid, signal.SIGKILL)
         assert wait_gone(owned, 15) == [], "pooled processes outlived their kernel"
+        # and nothing else of it: once its kernel is gone, a pooled process left anywhere is a job process
+        left = job_processes()
+        assert wait_gone([p.pid for p in left], 5) == [], [p.info.get("cmdline") for p in left]
     finally:
         k.shutdown()
 

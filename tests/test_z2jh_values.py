@@ -101,7 +101,15 @@ def recipe_rbac(name: str, namespace: str = NS) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
 
 
-CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding", "Namespace", "PriorityClass", "StorageClass")
+CLUSTER_SCOPED = (
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Namespace",
+    "PriorityClass",
+    "StorageClass",
+    "FlowSchema",
+    "PriorityLevelConfiguration",
+)
 
 
 def applied_in(docs: list[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:
@@ -290,6 +298,13 @@ def check_hub_account(docs: list[dict[str, Any]], cluster: list[dict[str, Any]])
     for b in find(docs, "RoleBinding", "hub"):
         if b["subjects"] != [hub_subject]:
             problems.append(f"the chart's RoleBinding hub binds {b['subjects']}, not {hub_subject}")
+    # API Priority and Fairness: the hub's own schema names the account the hub pod runs as, or the hub's
+    # requests fall into the tenants' level
+    hub_sa = {"namespace": NS, "name": pod_sa}
+    for fs in find(cluster, "FlowSchema", "tfdist-hub"):
+        named = [s.get("serviceAccount") for r in fs["spec"]["rules"] for s in r["subjects"]]
+        if hub_sa not in named:
+            problems.append(f"FlowSchema tfdist-hub names {named}, not {hub_sa}")
     user = f"system:serviceaccount:{NS}:{pod_sa}"
     for pol in find(cluster, "ValidatingAdmissionPolicy"):
         if pol["metadata"]["name"].startswith("tfdist-hub-bounds"):
@@ -503,6 +518,7 @@ def recipe_cluster() -> list[dict[str, Any]]:
         *recipe_rbac("admission-policy.yaml"),
         *recipe_rbac("rbac-hub-tenancy.yaml"),
         *recipe_rbac("rbac-hub-gpu-view.yaml"),
+        *recipe_rbac("flowcontrol.yaml"),
     ]
 
 
@@ -516,6 +532,7 @@ def test_recipe_hub_account_is_the_bound_subject(rendered, recipe_cluster):
     # the sed'd files really name hub/jhub (not a NAMESPACE left over)
     subjects = [b["subjects"] for b in find(recipe_cluster, "ClusterRoleBinding")]
     assert subjects == [[{"kind": "ServiceAccount", "name": "hub", "namespace": NS}]] * 2
+    assert len(find(recipe_cluster, "FlowSchema", "tfdist-hub")) == 1
 
 
 def test_recipe_hub_config_selects_tfdist_with_user_namespaces(hub):
@@ -630,6 +647,7 @@ def test_mistake_hub_service_account_renamed(helm, tmp_path, recipe_cluster):
     problems = check_hub_account(docs, recipe_cluster)
     assert any("ClusterRoleBinding tfdist-hub-tenancy binds" in p for p in problems), problems
     assert any("admission bounds" in p for p in problems), problems
+    assert any("FlowSchema tfdist-hub names" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,8 @@ _PLURAL = {
 }
 _SELECTOR = "app.kubernetes.io/part-of=" + q.MANAGED["app.kubernetes.io/part-of"]
 VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta2"
+# the label Kueue puts on the Workload it makes for a job or a single pod: that object's UID
+JOB_UID = "kueue.x-k8s.io/job-uid"
 
 
 @dataclass
@@ -183,32 +185,34 @@ async def workload_of(api: Any, namespace: str, group: str) -> dict[str, Any] | 
 
 async def read_position(api: Any, namespace: str, group: str, queue: str) -> ql.QueuePosition | None:
     """A job's place in line: Kueue's visibility API (the LocalQueue's pending workloads, what a user may
-    read) where the cluster serves it, else the Workloads this caller can list (all namespaces for an
-    admin, else its own). None when its Workload does not exist (yet)."""
-    from kubernetes_asyncio.client.exceptions import ApiException
-
+    read) where the cluster serves it, else its own namespace's Workloads. None when its Workload does not
+    exist (yet)."""
     wl = await workload_of(api, namespace, group)
     if wl is None:
         return None
     if ql.is_admitted(wl):
         return ql.QueuePosition(group, queue, 0, 0, "workloads", admitted=True)
+    return await _place(api, namespace, group, queue)
+
+
+async def _place(api: Any, namespace: str, name: str, queue: str) -> ql.QueuePosition | None:
+    """Workload `namespace/name`'s place in its ClusterQueue from Kueue's visibility API (other users'
+    jobs counted), else among the namespace's own Workloads. Never a list of every namespace's: their
+    number is other users' doing, and the hub asks every 2 s while a server waits."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
     try:
         summary = await _call(
             api, "GET", f"{VISIBILITY}/namespaces/{namespace}/localqueues/{queue}/pendingworkloads"
         )
-        pos = ql.position_from_visibility(summary, group, namespace)
+        pos = ql.position_from_visibility(summary, name, namespace)
         if pos is not None:
             return pos
     except ApiException as exc:
         if exc.status not in (403, 404, 503):
             raise
-    try:
-        items = (await _call(api, "GET", f"{_BASE}/workloads")).get("items", [])
-    except ApiException as exc:
-        if exc.status != 403:
-            raise
-        items = (await _call(api, "GET", f"{_BASE}/namespaces/{namespace}/workloads")).get("items", [])
-    return ql.position_from_workloads(items, group, namespace)
+    items = (await _call(api, "GET", f"{_BASE}/namespaces/{namespace}/workloads")).get("items", [])
+    return ql.position_from_workloads(items, name, namespace)
 
 
 @dataclass(frozen=True)
@@ -221,16 +225,27 @@ class PodWait:
 
 async def pod_wait(api: Any, namespace: str, pod_uid: str) -> PodWait | None:
     """Where a single pod (a notebook server with a queue label: Kueue makes it a Workload of its own,
-    owned by the pod) waits in line among every namespace's Workloads (the hub may list them all), and
-    why (Kueue's QuotaReserved message), or None when it has no Workload (yet) or is admitted."""
-    items = (await _call(api, "GET", f"{_BASE}/workloads")).get("items", [])  # the hub sees the whole line
+    labelled with the pod's UID) waits in line, and why (Kueue's QuotaReserved message), or None when it
+    has no Workload (yet) or is admitted. Reads the pod's own namespace and its LocalQueue's place in the
+    ClusterQueue: one small answer however many Workloads other users keep."""
+    found = await _call(
+        api,
+        "GET",
+        f"{_BASE}/namespaces/{namespace}/workloads",
+        query=[("labelSelector", f"{JOB_UID}={pod_uid}")],
+    )
     mine = next(
-        (w for w in items if any(o.get("uid") == pod_uid for o in w["metadata"].get("ownerReferences", []))),
+        (
+            w
+            for w in found.get("items", [])
+            if any(o.get("uid") == pod_uid for o in w["metadata"].get("ownerReferences", []))
+        ),
         None,
     )
     if mine is None or ql.is_admitted(mine):
         return None
-    pos = ql.position_from_workloads(items, mine["metadata"]["name"], namespace)
+    queue = mine.get("spec", {}).get("queueName") or ""
+    pos = await _place(api, namespace, mine["metadata"]["name"], queue)
     if pos is None:
         return None
     reason = next(

@@ -91,6 +91,10 @@ class TenantPolicy:
     #: the one GPU resource pods may request (the chosen model's), "" for none
     gpu_resource: str = ""
     max_gpus_per_pod: int = 0
+    #: a node's share per GPU of the model (GpuModel.cpu_per_gpu): a GPU pod's CPUs and memory, at most
+    #: this many per GPU, so one pod cannot keep its node's other GPUs from everyone (None: no bound)
+    cpu_per_gpu: float | None = None
+    memory_per_gpu_bytes: int | None = None
     #: labels every GPU pod's nodeSelector must carry (the model's)
     node_selector: dict[str, str] = field(default_factory=dict)
     #: the only tolerations pods may carry (admin base + model), besides the API server's implicit ones
@@ -319,6 +323,11 @@ def policy_params(p: TenantPolicy) -> dict[str, Any]:
             "gpuResource": p.gpu_resource,
             "gpuResources": ",".join(sorted(set(p.gpu_quota) | ({p.gpu_resource} - {""}))),
             "maxGpusPerPod": str(p.max_gpus_per_pod),
+            # a container without a CPU or memory limit gets the LimitRange's default, counted as such
+            "cpuPerGpu": "" if p.cpu_per_gpu is None else f"{p.cpu_per_gpu:g}",
+            "memoryPerGpu": "" if p.memory_per_gpu_bytes is None else str(p.memory_per_gpu_bytes),
+            "defaultCpu": p.default_cpu,
+            "defaultMemory": p.default_memory,
             "nodeSelector": "\n".join(f"{k}={v}" for k, v in sorted(p.node_selector.items())),
             "tolerations": "\n".join(toleration_key(t) for t in p.tolerations),
             "requiredTolerations": "\n".join(toleration_key(t) for t in p.required_tolerations),
