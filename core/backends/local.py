@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from .. import tf_config
 from ..errors import BackendUnavailable, JobFailed, JobSpecError, NoSuchJob
 from ..job.events import Event, Reader, SnapshotEvent, StateEvent, decode, dumps
 from ..job.vocab import TERMINAL, JobState, Reason
@@ -37,6 +38,7 @@ from ..jobspec import JobSpec, validate
 from ..jobview import JobView
 from ..procid import ProcessId
 from ..runtime.netns import IsolationUnavailable, isolation_prefix
+from ..runtime.ports import PortTaken, allocate_ports
 from ..runtime.tasklog import tail_lines
 from ..runtime.unixsock import short_path
 from ..settings import ENV_NETNS, KernelSettings
@@ -106,6 +108,14 @@ class LocalBackend(DetachedJobs, Backend):
         self.unclaim(spec.name)
         validate(spec, None)  # the magic checked it (with this server's GPUs); a direct caller gets the same
         prefix = self._isolation_prefix()
+        if not prefix and spec.base_port is not None:
+            # no namespace of its own: the job's ports are this machine's. A taken one is refused here,
+            # before its directory exists (the supervisor checks again: a program may take one meanwhile)
+            names = tf_config.task_names(spec.workers, spec.ps, spec.strategy)
+            try:
+                allocate_ports(len(names), spec.base_port)
+            except PortTaken as exc:
+                raise JobSpecError(str(exc)) from None
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
         os.chmod(self.state_dir, 0o700)
         d = self.jobdir(spec.name)

@@ -1,4 +1,5 @@
-"""Whether a TF server listens: one TCP connect (a server pod asks before its other imports)."""
+"""A local job's ports, and whether a TF server listens: one TCP connect (a server pod asks before its other
+imports)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,32 @@ def wait_all(addresses: list[str], timeout: float, every: float = 0.02) -> list[
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+class PortTaken(Exception):
+    """A port of --base-port's range is in use: the sentence says which and what the range is."""
+
+
+def allocate_ports(n: int, base: int | None) -> list[int]:
+    """Free ports on 127.0.0.1 (in this namespace), or base..base+n-1 checked free."""
+    if base is not None:
+        ports = list(range(base, base + n))
+        for p in ports:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    raise PortTaken(
+                        f"port {p} is already in use (--base-port {base} needs ports {base}-{base + n - 1})"
+                    ) from None
+        return ports
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -25,6 +24,7 @@ from tfdist.jobspec import JobSpec, split_gpus
 from tfdist.runtime import allreduce, events
 from tfdist.runtime.deathsig import die_with_parent
 from tfdist.runtime.forked import ForkServer, import_env
+from tfdist.runtime.ports import PortTaken, allocate_ports
 from tfdist.runtime.tasklog import LineSplitter, RollingLog
 from tfdist.sampler import TaskProcess, TaskSampler, sampler_gpus
 from tfdist.settings import ENV_EVENTS_FD
@@ -74,31 +74,6 @@ def ended(task: Task, code: int | None) -> str:
     if code == -signal.SIGKILL:
         return "was killed (SIGKILL: most often the server's memory limit)"
     return f"exited with code {code}"
-
-
-def allocate_ports(n: int, base: int | None) -> list[int]:
-    """Free ports on 127.0.0.1 (in this namespace), or base..base+n-1 checked free."""
-    if base is not None:
-        ports = list(range(base, base + n))
-        for p in ports:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    raise StartupError(
-                        f"port {p} is already in use (--base-port {base} needs ports {base}-{base + n - 1})"
-                    ) from None
-        return ports
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class PendingLines:
@@ -153,7 +128,10 @@ class Spawner:
         """Every task of the job with its port, environment and GPUs, announced as pending."""
         spec, strategy = self.spec, self.spec.strategy
         names = tf_config.task_names(spec.workers, spec.ps, strategy)
-        ports = allocate_ports(len(names), spec.base_port)
+        try:
+            ports = allocate_ports(len(names), spec.base_port)
+        except PortTaken as exc:
+            raise StartupError(str(exc)) from None
         addresses = tf_config.local_addresses(spec.workers, spec.ps, ports, strategy=strategy)
         cluster = tf_config.cluster(addresses, strategy)
         gpu_ids: list[str] = self.launch.get("gpus", [])
