@@ -133,6 +133,10 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "gpuResource": "nvidia.com/gpu",
         "gpuResources": "nvidia.com/gpu,nvidia.com/mig-1g.10gb",
         "maxGpusPerPod": "8",
+        "cpuPerGpu": "",  # the model sets no share per GPU (test_k8s_escapes.py: one that does)
+        "memoryPerGpu": "",
+        "defaultCpu": "1",  # the LimitRange's, which the share counts for a container without a limit
+        "defaultMemory": "2Gi",
         "nodeSelector": "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3",
         "tolerations": "nvidia.com/gpu|Exists||NoSchedule",
         "requiredTolerations": "nvidia.com/gpu|Exists||NoSchedule",
