@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -200,8 +201,10 @@ class CgroupV2:
 
     @staticmethod
     def remove_path(path: Path) -> None:
-        """Kill whatever still runs in the cgroup at `path` (cgroup.kill), then remove it: once the kernel
-        says it is empty (the kill is asynchronous; a cgroup with a process left in it cannot be removed)."""
+        """Kill whatever still runs in the cgroup at `path` and below it (cgroup.kill), then remove it and
+        its children, deepest first, once the kernel says they are empty: the kill is asynchronous, and a
+        cgroup with a process left in it cannot be removed. Called from the hub's event loop, so it waits
+        KILL_WAIT_S at most; a process slower to die (a CUDA context) is waited for in a thread."""
         if not path.exists():
             return
         kill = path / "cgroup.kill"
@@ -211,11 +214,39 @@ class CgroupV2:
         deadline = time.monotonic() + KILL_WAIT_S
         while time.monotonic() < deadline and _populated(path):
             time.sleep(0.01)
+        if not _populated(path):
+            _rmdir_tree(path)
+            return
+        threading.Thread(
+            target=_remove_when_empty, args=(path,), name="tfdist-cgroup-rm", daemon=True
+        ).start()
+
+
+KILL_WAIT_S = 0.25  # how long remove_path blocks for cgroup.kill's victims to be gone
+SLOW_KILL_WAIT_S = 60.0  # then how long a thread waits for them before it says the cgroup leaks
+
+
+def _rmdir_tree(path: Path) -> None:
+    """rmdir a cgroup and the cgroups below it, deepest first (their files go with each directory)."""
+    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):
-            path.rmdir()
+            child.rmdir()
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("tfdist: cgroup %s not removed: %s", path, exc.strerror)
 
 
-KILL_WAIT_S = 2.0  # how long remove_path waits for cgroup.kill's victims to be gone
+def _remove_when_empty(path: Path) -> None:
+    deadline = time.monotonic() + SLOW_KILL_WAIT_S
+    while time.monotonic() < deadline and _populated(path):
+        time.sleep(0.1)
+    if _populated(path):
+        log.warning("tfdist: processes in cgroup %s outlived cgroup.kill for %.0f s", path, SLOW_KILL_WAIT_S)
+        return
+    _rmdir_tree(path)
 
 
 def _populated(path: Path) -> bool:

@@ -1161,3 +1161,26 @@ def test_a_gpu_pod_holds_at_most_its_gpus_share_of_a_node(k8s_plane, ann_shared,
         assert code == 201, body
     code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", cpu_job(k8s_plane, ns, "cpu"))
     assert code == 201, body
+
+
+def test_an_init_containers_gpus_buy_no_share(k8s_plane, ann_shared):
+    """A pod holds the larger of its init containers' and its containers' sum: an init container with 2 GPUs
+    beside a container with 2 GPUs and 15 CPUs counts 4 GPUs (16 CPUs, within 4 shares) but holds 2 (found
+    by the review of this stop's policy; admitted by it). The same pod without the init container's GPUs is
+    refused by the share itself."""
+    ns, token = ann_shared
+    job = gpu_job(k8s_plane, ns, f"in-{uuid.uuid4().hex[:6]}")
+    pod = job["spec"]["template"]["spec"]
+    main = pod["containers"][0]
+    main["resources"] = {"limits": {"nvidia.com/gpu": "2", "cpu": "15", "memory": "1Gi"}}
+    pod["initContainers"] = [
+        {
+            **main,
+            "name": "init",
+            "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "1", "memory": "1Gi"}},
+        }
+    ]
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "in an init container")
+    pod["initContainers"][0]["resources"]["limits"].pop("nvidia.com/gpu")
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), "asks for 16 CPUs with 2")
+    assert k8s_plane.get(f"{jobs_path(ns)}/{job['metadata']['name']}") is None

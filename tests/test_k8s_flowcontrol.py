@@ -1,5 +1,5 @@
 """API Priority and Fairness (hub_config/flowcontrol.yaml) on a real API server: a user's requests, made with
-their own notebook token, are classified in `tfdist-tenants` (one flow per namespace) and the hub's in
+their own notebook token, are classified in `tfdist-tenants` (one flow per account) and the hub's in
 `tfdist-hub` (`workload-high`), read from the classification the API server puts on every answer. Before the
 manifest both fell into the built-in `service-accounts` FlowSchema: one level, shared."""
 

@@ -504,6 +504,8 @@ async def test_quota_binds_even_without_the_kernels_check_and_a_good_job_is_admi
             await b.submit(spec, b"p", Launch())
             evs = await collect(b, "over", lambda ev: ev.type == "state" and ev.state == "failed")
         assert "exceed your quota of nvidia.com/gpu: it asks for 1 more, 8 of 8" in evs[-1].message, evs[-1]
+        # (the watch worked: it saw the job's coordinator pod, which needs no GPU)
+        assert [e for e in seen if e["type"] == "ADDED"], seen
         workers = [e for e in seen if e["object"]["metadata"].get("labels", {}).get(kn.L_ROLE) == "worker"]
         assert workers == [], [(e["type"], e["object"]["metadata"]["name"]) for e in workers]
         # and it was the quota that kept them out: the Job controller's FailedCreate says so

@@ -161,7 +161,7 @@ async def test_the_view_lists_in_pages_of_one_snapshot() -> None:
     calls: list[dict[str, Any]] = []
     pages = [
         ([pod("a", "n1", 1), pod("b", "n1", 2)], "t1", "100"),
-        ([pod("c", "n1", 1)], None, "100"),
+        ([pod("c", "n1", 1)], None, "107"),  # (the API server repeats the first; the first is the one)
     ]
 
     class Resp:

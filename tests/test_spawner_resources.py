@@ -350,7 +350,7 @@ async def test_a_server_that_died_while_the_hub_was_down_leaves_nothing_in_its_c
 ) -> None:
     """The server died while the hub was down; a detached job of it (a session of its own) still runs in
     its cgroup, a real one. Its GPUs were left to the next spawn and nothing ended that job, which kept
-    using them: now it is dead once load_state returns, and its cgroup is gone."""
+    using them: now load_state kills it and removes its cgroup."""
     server = _sleeper()
     saved = {**saved_process(ProcessId.of(server.pid)), "tfdist_gpus": [0, 1]}
     _end(server)
@@ -358,12 +358,18 @@ async def test_a_server_that_died_while_the_hub_was_down_leaves_nothing_in_its_c
     cgroup.mkdir()
     job = _sleeper()
     try:
-        (cgroup / "cgroup.procs").write_text(str(job.pid))
-        assert (cgroup / "cgroup.procs").read_text().split() == [str(job.pid)]
+        # in a cgroup of its own below the server's (a job may make one): killed and removed with it
+        (cgroup / "job").mkdir()
+        (cgroup / "job" / "cgroup.procs").write_text(str(job.pid))
+        assert (cgroup / "job" / "cgroup.procs").read_text().split() == [str(job.pid)]
         sp = _spawner()
         sp.load_state({**saved, "tfdist_cgroup": str(cgroup)})
         assert sp.pid == 0 and sp.tfdist_allocator().held_by("alice/") == []
-        assert job.poll() == -signal.SIGKILL, "what the dead server left runs on"
+        # cgroup.kill is asynchronous: a moment, not the 120 s the sleeper would run
+        assert job.wait(timeout=5) == -signal.SIGKILL, "what the dead server left runs on"
+        deadline = time.monotonic() + 5
+        while cgroup.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert not cgroup.exists()
         sp.clear_state()
     finally:

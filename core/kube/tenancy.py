@@ -324,7 +324,7 @@ def policy_params(p: TenantPolicy) -> dict[str, Any]:
             "gpuResources": ",".join(sorted(set(p.gpu_quota) | ({p.gpu_resource} - {""}))),
             "maxGpusPerPod": str(p.max_gpus_per_pod),
             # a container without a CPU or memory limit gets the LimitRange's default, counted as such
-            "cpuPerGpu": "" if p.cpu_per_gpu is None else f"{p.cpu_per_gpu:g}",
+            "cpuPerGpu": "" if p.cpu_per_gpu is None else f"{p.cpu_per_gpu:.15g}",
             "memoryPerGpu": "" if p.memory_per_gpu_bytes is None else str(p.memory_per_gpu_bytes),
             "defaultCpu": p.default_cpu,
             "defaultMemory": p.default_memory,
