@@ -211,10 +211,7 @@ class CgroupV2:
         with contextlib.suppress(OSError):
             if kill.exists():
                 kill.write_text("1")
-        deadline = time.monotonic() + KILL_WAIT_S
-        while time.monotonic() < deadline and _populated(path):
-            time.sleep(0.01)
-        if not _populated(path):
+        if _emptied(path, KILL_WAIT_S, 0.01):
             _rmdir_tree(path)
             return
         threading.Thread(
@@ -240,13 +237,20 @@ def _rmdir_tree(path: Path) -> None:
 
 
 def _remove_when_empty(path: Path) -> None:
-    deadline = time.monotonic() + SLOW_KILL_WAIT_S
-    while time.monotonic() < deadline and _populated(path):
-        time.sleep(0.1)
-    if _populated(path):
+    if not _emptied(path, SLOW_KILL_WAIT_S, 0.1):
         log.warning("tfdist: processes in cgroup %s outlived cgroup.kill for %.0f s", path, SLOW_KILL_WAIT_S)
         return
     _rmdir_tree(path)
+
+
+def _emptied(path: Path, seconds: float, every: float) -> bool:
+    """Whether the cgroup is (or within `seconds` becomes) empty of processes."""
+    deadline = time.monotonic() + seconds
+    while _populated(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every)
+    return True
 
 
 def _populated(path: Path) -> bool:
