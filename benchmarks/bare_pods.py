@@ -12,6 +12,8 @@ coordinator also the strategy connected and the fit called; Keras refuses batch 
 ParameterServerStrategy, so the first step has no mark), then runs the file
 unmodified with `runpy` (its `import tensorflow` then finds the module loaded). The figures that the
 issue compares are the file's own JSON line (LAUNCH_T0 -> end of the first epoch, steps/s after it).
+The local launch (benchmarks/bench_launch.py) runs `run.sh` with the same wrapper as its PYTHON, the marks
+appended to the file BARE_MARKS names (run.sh keeps only the coordinator's last line).
 """
 
 from __future__ import annotations
@@ -28,9 +30,15 @@ BASELINE = Path("/work/shared/baseline/bare_ps")
 # Run as `python -u -c WRAPPER FILE ARGS...`; the marks are the only addition, the file runs as is.
 WRAPPER = """
 import json, os, runpy, sys, time
-def mark(m):
-    print("BARE " + json.dumps({"mark": m, "t": time.time()}), flush=True)
+def mark(m, t=None):
+    line = "BARE " + json.dumps({"mark": m, "t": time.time() if t is None else t})
+    print(line, flush=True)
+    if os.environ.get("BARE_MARKS"):  # local run.sh keeps only the file's last line of stdout
+        with open(os.environ["BARE_MARKS"], "a") as f:
+            f.write(line + chr(10))
 path = sys.argv[1]
+if path.endswith("coordinator.py") and os.environ.get("LAUNCH_T0"):
+    mark("launch", float(os.environ["LAUNCH_T0"]))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if path.endswith("coordinator.py"):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+import bare_pods
 from machine import machine  # benchmarks/machine.py: the script's own folder is on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,13 +59,54 @@ ends = clock.ends
 
 
 def bare() -> dict:
-    out = subprocess.run(
-        ["bash", BASELINE, sys.executable, "2", "1", str(EPOCHS), str(STEPS)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """One run.sh launch: its coordinator's JSON line, and from bare_pods.WRAPPER's marks (run.sh's PYTHON
+    is a shell that runs its two files through it) seconds from LAUNCH_T0 to every task's TensorFlow
+    imported, the strategy made and the fit called, and the fit's own first epoch (fit called -> the
+    line's end of the first epoch): what no launch can cut."""
+    with tempfile.TemporaryDirectory(prefix="tfdist-bare-") as tmp:
+        py = os.path.join(tmp, "python")
+        with open(py, "w") as f:
+            f.write(
+                "#!/bin/sh\n"
+                'case "$1" in *coordinator.py | *server.py)\n'
+                '  exec "$BARE_PYTHON" -c "$BARE_WRAPPER" "$@";;\n'
+                "esac\n"
+                'exec "$BARE_PYTHON" "$@"\n'
+            )
+        os.chmod(py, 0o700)
+        marks_file = os.path.join(tmp, "marks")
+        env = dict(
+            os.environ, BARE_PYTHON=sys.executable, BARE_WRAPPER=bare_pods.WRAPPER, BARE_MARKS=marks_file
+        )
+        out = subprocess.run(
+            ["bash", BASELINE, py, "2", "1", str(EPOCHS), str(STEPS)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        with open(marks_file) as f:
+            marks = [json.loads(line[5:]) for line in f if line.startswith("BARE ")]
+    return got | bare_phases(marks, got)
+
+
+def bare_phases(marks: list[dict], got: dict) -> dict:
+    """Seconds from the launch (the coordinator's LAUNCH_T0) to the last task's TensorFlow imported, the
+    strategy made and the fit called; the fit's first epoch (fit called -> end of the first epoch)."""
+    at: dict[str, list[float]] = {}
+    for m in marks:
+        at.setdefault(m["mark"], []).append(m["t"])
+    if not at.get("launch") or not at.get("fit_start"):
+        return {}
+    t0 = at["launch"][0]
+    fit = at["fit_start"][0] - t0
+    return {
+        "tf_imported_s": round(max(at.get("tf_imported", [t0])) - t0, 3),
+        "strategy_s": round(at["servers"][0] - t0, 3) if at.get("servers") else None,
+        "fit_start_s": round(fit, 3),
+        "fit_first_epoch_s": round(got["launch_to_first_epoch_s"] - fit, 3),
+    }
 
 
 def tfdist_runs(repeats: int) -> list[dict]:
