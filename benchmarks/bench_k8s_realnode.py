@@ -30,7 +30,10 @@ Measured from the cell's start (bare: LAUNCH_T0, when the benchmark creates the 
 and steps/s after the first epoch (epochs 2..4); from the cell's start to the end of the first epoch, CPU
 seconds: the whole machine busy (cpu_machine_busy_s), the kernel process (cpu_kernel_s), every container
 (cpu_containers_s: the job's pods and the notebook pod's) and the seconds their CFS limits throttled them
-(throttled_containers_s), from the cgroups, sampled every 0.2 s. Each figure is the median of the repeats.
+(throttled_containers_s), from the cgroups, sampled every 0.2 s; from the start to the coordinator connected
+(`servers`), each container process's CPU seconds by its part (cpu_to_connect_<role>_s: the chief pod's
+agent and coordinator, the server pods' entry points and TF servers, the bare coordinator and servers,
+from /proc). Each figure is the median of the repeats.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -210,6 +214,56 @@ def _containers() -> dict[str, tuple[float, float]]:
     return out
 
 
+# A container process's part in the job, from its command line (the chief pod runs two: its agent and,
+# beside it, the coordinator; a server pod its entry point and the TF server under it)
+ROLES = (
+    ("tfdist.runtime.podmain chief", "chief_agent"),
+    ("tfdist.runtime.podmain coordinator", "coordinator"),
+    ("tfdist.runtime.coordinator", "coordinator"),
+    ("tfdist.runtime.task", "server_task"),
+    ("tfdist.runtime.podmain worker", "server_entry"),
+    ("tfdist.runtime.podmain ps", "server_entry"),
+    ("/bare/coordinator.py", "bare_coordinator"),
+    ("/bare/server.py", "bare_server"),
+)
+
+
+class Processes:
+    """CPU seconds of every container process with a role in ROLES, by PID (host /proc: the node is this
+    machine), so a run can say where its pods' CPU went before each milestone."""
+
+    def __init__(self) -> None:
+        self.role: dict[int, str | None] = {}
+        self.cpu: dict[int, float] = {}
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def _role(self, pid: int) -> str | None:
+        try:
+            if "k8s.io" not in Path(f"/proc/{pid}/cgroup").read_text():
+                return None
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return None
+        return next((role for mark, role in ROLES if mark in line), None)
+
+    def sample(self) -> dict[str, float]:
+        """Each role's CPU seconds so far (a process gone keeps its last reading)."""
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in self.role:
+                self.role[int(entry)] = self._role(int(entry))
+        for pid, role in self.role.items():
+            if role is None:
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                self.cpu[pid] = (int(f[11]) + int(f[12])) / self.tick
+        out: dict[str, float] = {}
+        for pid, used in self.cpu.items():
+            role = self.role[pid] or ""
+            out[role] = out.get(role, 0.0) + used
+        return out
+
+
 class CpuClock(threading.Thread):
     """Where the machine's CPU went from a run's start: the kernel process, every container (the job's
     pods, and the notebook's), the whole machine busy, and the containers' CFS throttling, sampled every
@@ -221,6 +275,8 @@ class CpuClock(threading.Thread):
 
         self.kernel = psutil.Process(kernel_pid) if kernel_pid else None
         self.samples: list[tuple[float, float, float, dict[str, tuple[float, float]]]] = []
+        self.procs = Processes()
+        self.roles: list[tuple[float, dict[str, float]]] = []
         self.stop = threading.Event()
 
     def _sample(self) -> None:
@@ -233,7 +289,17 @@ class CpuClock(threading.Thread):
             with contextlib.suppress(psutil.Error):
                 c = self.kernel.cpu_times()
                 kernel = c.user + c.system
-        self.samples.append((time.time(), busy, kernel, _containers()))
+        now = time.time()
+        self.samples.append((now, busy, kernel, _containers()))
+        self.roles.append((now, self.procs.sample()))
+
+    def by_role(self, t_end: float | None, prefix: str) -> dict[str, float]:
+        """Each role's CPU seconds from the first sample to the last one before `t_end` (a milestone)."""
+        if t_end is None or not self.roles:
+            return {}
+        first = self.roles[0][1]
+        last = [r for t, r in self.roles if t <= t_end] or [first]
+        return {f"{prefix}_{k}_s": round(v - first.get(k, 0.0), 2) for k, v in sorted(last[-1].items())}
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -276,6 +342,7 @@ def run_tfdist(k: Any, line: str, clock: PodClock | None = None) -> dict[str, An
     ends = kernel_value(k, "ends")
     out["epoch_1"] = round(ends[0] - t0, 2)
     out |= cpu.until(ends[0])
+    out |= cpu.by_role(t0 + out["servers"] if out.get("servers") is not None else None, "cpu_to_connect")
     if out["first_step"] is not None:  # the heartbeat reads the step counter every 2 s
         out["first_step"] = min(out["first_step"], out["epoch_1"])
     out["steps_per_s"] = steps_per_s(ends)
@@ -350,6 +417,7 @@ def run_bare(cluster: RealCluster, ns: str, name: str, image: str, files: dict[s
     out["epoch_1"] = got["launch_to_first_epoch_s"]
     cpu.stop.set()
     out |= cpu.until(t0 + got["launch_to_first_epoch_s"])
+    out |= cpu.by_role(m["chief-0"].get("servers"), "cpu_to_connect")
     out["steps_per_s"] = got["steps_per_s_after_first_epoch"]
     deadline = time.monotonic() + 120
     while rest := bare_left(cluster, ns, name):
@@ -367,6 +435,7 @@ def summarize(results: dict[str, list[dict]]) -> dict[str, Any]:
     keys = ["k8s_scheduled", "k8s_running", "k8s_serving", "tf_imported", "payload", "coordinator", "servers",
             "fit_start", "first_step", "epoch_1", "steps_per_s", "cell", "cpu_machine_busy_s", "cpu_kernel_s",
             "cpu_containers_s", "throttled_containers_s"]  # fmt: skip
+    keys += sorted({k for rows in results.values() for r in rows for k in r if k.startswith("cpu_to_")})
     med = {way: {k: v for k in keys if (v := median(rows, k)) is not None} for way, rows in results.items()}
 
     def ratio(a: str, b: str, key: str) -> float | None:
