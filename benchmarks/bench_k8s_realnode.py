@@ -233,26 +233,28 @@ class Processes:
     machine), so a run can say where its pods' CPU went before each milestone."""
 
     def __init__(self) -> None:
-        self.role: dict[int, str | None] = {}
+        self.role: dict[int, str | None] = {}  # "": no part in a job; None: not known yet
         self.cpu: dict[int, float] = {}
         self.tick = os.sysconf("SC_CLK_TCK")
 
     def _role(self, pid: int) -> str | None:
+        """Its role; "" for no container's process (never asked again); None for a container process
+        with none yet: runc starts each container as `runc init`, which then executes the entry point."""
         try:
             if "k8s.io" not in Path(f"/proc/{pid}/cgroup").read_text():
-                return None
+                return ""
             line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
-            return None
+            return ""
         return next((role for mark, role in ROLES if mark in line), None)
 
     def sample(self) -> dict[str, float]:
         """Each role's CPU seconds so far (a process gone keeps its last reading)."""
         for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) not in self.role:
+            if entry.isdigit() and self.role.get(int(entry)) is None:
                 self.role[int(entry)] = self._role(int(entry))
         for pid, role in self.role.items():
-            if role is None:
+            if not role:
                 continue
             with contextlib.suppress(OSError, IndexError, ValueError):
                 f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
