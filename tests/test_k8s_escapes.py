@@ -905,6 +905,76 @@ def test_a_user_cannot_write_megabytes_at_a_time(k8s_plane, ann):
     refused(answer, "is too big", "annotations: at most 16 KiB")
 
 
+def _filler(api_version: str, fields: dict[str, Any], manager: str = "filler") -> dict[str, Any]:
+    """A managedFields entry as a client may send it: any manager, paths the object does not have."""
+    return {
+        "manager": manager,
+        "operation": "Apply",
+        "apiVersion": api_version,
+        "fieldsType": "FieldsV1",
+        "time": "2026-12-05T00:00:00Z",
+        "fieldsV1": fields,
+    }
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for i in range(levels):
+        tree = {f"f:d{i}": tree}
+    return tree
+
+
+def test_managed_fields_a_user_sends_are_bounded(k8s_plane, ann):
+    """The API server stores the managedFields entries a client sends with a write (any manager name, paths
+    the object lacks) up to etcd's ~1.5 MiB an object: past every bound on the object's own fields, a loop
+    of such writes would fill the store the whole cluster writes to. Measured on this API server before
+    the policy: a Secret with 4 bytes of data and 20 000 made-up label paths was stored at 840 KB. Refused
+    on CREATE and UPDATE, wide or deep; entries a client sends of its own size, and %%tfdist's objects
+    (read back and written again as they are), pass."""
+    ns, token = ann
+    owner = _owned_by_job(k8s_plane, token, ns)
+    secrets = f"/api/v1/namespaces/{ns}/secrets"
+    wide = {"f:metadata": {"f:labels": {f"f:x-{i:05d}-{'y' * 16}": {} for i in range(4000)}}}
+
+    def secret(*entries: dict[str, Any]) -> dict[str, Any]:
+        meta = {"name": f"mf-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]}
+        return {"metadata": meta | {"managedFields": list(entries)}, "stringData": {"token": "t"}}
+
+    says = "metadata.managedFields: at most 16 entries of 32 KiB"
+    refused(call(k8s_plane, token, "POST", secrets, secret(_filler("v1", wide))), says, "bytes")
+    deep = secret(_filler("v1", _deep(14)))
+    refused(call(k8s_plane, token, "POST", secrets, deep), "nested deeper than 12")
+    many = [_filler("v1", {"f:metadata": {}}, manager=f"m{i}") for i in range(17)]
+    refused(call(k8s_plane, token, "POST", secrets, secret(*many)), says, "18 entries")  # + its own
+    job = gpu_job(k8s_plane, ns, f"mf-{uuid.uuid4().hex[:6]}")
+    job["metadata"]["managedFields"] = [_filler("batch/v1", wide)]
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), says)
+    # the controls: a client's own entry of an ordinary size; a job written again as it was read
+    small = _filler("v1", {"f:metadata": {"f:labels": {"f:team": {}}}}, manager="mine")
+    code, made = call(k8s_plane, token, "POST", secrets, secret(small))
+    assert code == 201, made.get("message", made)
+    name = f"mf-{uuid.uuid4().hex[:6]}"
+    code, made = call(k8s_plane, token, "POST", jobs_path(ns), gpu_job(k8s_plane, ns, name))
+    assert code == 201, made.get("message", made)
+    item = f"{jobs_path(ns)}/{name}"
+
+    def update(change) -> tuple[int, dict]:
+        for _ in range(10):  # the Job controller writes its status in between: read again on a conflict
+            live = call(k8s_plane, token, "GET", item)[1]
+            change(live)
+            answer = call(k8s_plane, token, "PUT", item, live)
+            if answer[0] != 409:
+                return answer
+        return answer
+
+    def deadline(j: dict) -> None:  # what the lifeline writes
+        j["spec"]["activeDeadlineSeconds"] = 600
+
+    code, body = update(deadline)
+    assert code == 200, body.get("message", body)
+    refused(update(lambda j: j["metadata"]["managedFields"].append(_filler("batch/v1", wide))), says)
+
+
 @pytest.mark.parametrize(
     "peer",
     [{"namespaceSelector": {}}, {"ipBlock": {"cidr": "0.0.0.0/0"}}, None],
