@@ -25,7 +25,7 @@ from tfdist.kube import status as kst
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 SENTENCE = "queued: 3rd in team-a, about 20 min"
-WIRE = {"type": "queue", "position": 3, "queue": "team-a", "ahead": 2, "wait_s": 1200}
+WIRE = {"type": "queue", "position": 3, "queue": "team-a", "ahead": 2, "wait_s": 1200, "scope": "queue"}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -49,6 +49,11 @@ def test_the_record_reads_its_wire_form_and_says_where_the_job_waits() -> None:
     assert parse({"type": "queue", "position": 1}).info().sentence() == "queued: 1st in line"
     assert QueueEvent(position=22, wait_s=30).sentence() == "queued: 22nd in line, about 1 min"
     assert QueueEvent(position=11, queue="q", wait_s=3 * 3600).sentence() == "queued: 11th in q, about 3 h"
+    # counted among the user's own jobs only (no visibility API): never passed off as the queue's place
+    own = parse({"type": "queue", "position": 1, "queue": "q", "scope": "own"}).info()
+    assert own.sentence().startswith("queued: 1st of your jobs in q (other users' jobs in the queue are not")
+    whole = parse({"type": "queue", "position": 2, "scope": "queue"}).info()
+    assert whole.sentence() == "queued: 2nd in line"
 
 
 @pytest.mark.parametrize(
@@ -59,6 +64,7 @@ def test_the_record_reads_its_wire_form_and_says_where_the_job_waits() -> None:
         {"type": "queue", "position": "3"},
         {"type": "queue", "position": 3, "wait_s": float("nan")},
         {"type": "queue", "position": 3, "queue": "x" * 300},
+        {"type": "queue", "position": 3, "scope": "everyone"},  # "queue" or "own" only
     ],
 )
 def test_a_malformed_queue_record_is_refused_and_changes_nothing(bad: dict) -> None:
@@ -174,7 +180,7 @@ def test_the_lab_servers_json_carries_it(jp_fetch, jp_serverapp, jp_asyncio_loop
     summaries, listed, detail = jp_asyncio_loop.run_until_complete(scenario())
     assert isinstance(summaries[0], JobSummary)
     [job] = listed["jobs"]
-    assert job["queue"] == {"position": 3, "queue": "team-a", "ahead": 2, "wait_s": 1200.0}
+    assert job["queue"] == {"position": 3, "queue": "team-a", "ahead": 2, "wait_s": 1200.0, "scope": "queue"}
     assert job["message"] == SENTENCE and job["state"] == "starting"
     assert detail["summary"]["queue"] == job["queue"] and detail["message"] == SENTENCE
     assert wire(JobList, listed) == listed  # what the panel reads is the record's own form
@@ -194,6 +200,7 @@ def test_the_panels_generated_type_has_it() -> None:
         "position: number;",
         "queue?: string | null;",
         "ahead?: number | null;",
+        'scope?: ("queue" | "own") | null;',
         "wait_s?: number | null;",
     ):
         assert field in info, info

@@ -194,6 +194,7 @@ async def test_place_in_line_counts_the_other_users_pending_jobs(kv):
             pos = await until_position(bob_api, BOB, "late", lambda p: p.position == 2)
             TIMES["bob_position_read_s"] = time.monotonic() - t0
             assert (pos.position, pos.ahead, pos.source, pos.queue) == (2, 1, "visibility", QUEUE)
+            assert pos.event().sentence() == f"queued: 2nd in {QUEUE}"
             # the old answer: Bob's own Workloads are all he may list, so Ann's pending job is not there
             code, mine = call(
                 kv, bob_token, "GET", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{BOB}/workloads"
@@ -222,11 +223,14 @@ async def test_place_in_line_counts_the_other_users_pending_jobs(kv):
             assert (pos.position, pos.ahead, pos.source) == (1, 0, "visibility")
 
         # the same line without the visibility API (as on a cluster without it; last, this plane keeps it
-        # off): read_position falls back to Bob's own Workloads and says 1st, the answer this test rejects
+        # off): read_position falls back to Bob's own Workloads, 1st of them, and says that is all it is
+        # (it said "queued: 1st in <queue>" with Ann's job ahead)
         kv.request("DELETE", f"/apis/apiregistration.k8s.io/v1/apiservices/{APISERVICE}")
         async with _api_for_token(kv, bob_token) as bob_api:
             pos = await until_position(bob_api, BOB, "late", lambda p: p.source == "workloads")
             assert (pos.position, pos.ahead) == (1, 0)
+            said = pos.event().sentence()
+            assert said.startswith(f"queued: 1st of your jobs in {QUEUE} (other users' jobs"), said
     finally:
         for x, jobs in ((b, ("late",)), (a, ("second", "first"))):
             for job in jobs:

@@ -144,11 +144,20 @@ class QueueInfo(BaseModel):
     queue: Name | None = None  # the LocalQueue (or ClusterQueue) it waits in
     ahead: Count | None = None  # workloads admitted before it (a cohort may count more than position-1)
     wait_s: Annotated[float, Field(ge=0)] | None = None  # estimated seconds until it is admitted
+    # what `position` counts: "queue", every job of the queue (Kueue's visibility API); "own", only the
+    # user's own, where the cluster does not serve that API (other users' jobs may be ahead)
+    scope: Literal["queue", "own"] | None = None
 
     def sentence(self) -> str:
-        """What the cell, `%tfdist list` and the panel say: "queued: 3rd in team-a, about 20 min"."""
+        """What the cell, `%tfdist list` and the panel say: "queued: 3rd in team-a, about 20 min"; where
+        only the user's own jobs could be counted, "queued: 1st of your jobs in team-a (...)"."""
         where = f" in {self.queue}" if self.queue else " in line"
         wait = f", about {_duration(self.wait_s)}" if self.wait_s is not None else ""
+        if self.scope == "own":
+            return (
+                f"queued: {_ordinal(self.position)} of your jobs{where}{wait} (other users' jobs in the "
+                "queue are not visible to you: Kueue's visibility API does not answer)"
+            )
         return f"queued: {_ordinal(self.position)}{where}{wait}"
 
 

@@ -185,7 +185,8 @@ class QueuePosition:
         """The job protocol's QueueEvent (tfdist.job.events) for the cell, `%tfdist list` and the panel."""
         from ..job.events import QueueEvent
 
-        return QueueEvent(position=self.position, queue=self.queue, ahead=self.ahead)
+        scope = "queue" if self.source == "visibility" else "own"
+        return QueueEvent(position=self.position, queue=self.queue, ahead=self.ahead, scope=scope)
 
 
 def _conditions(wl: Mapping[str, Any]) -> dict[str, str]:

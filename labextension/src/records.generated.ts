@@ -132,6 +132,7 @@ export interface QueueInfo {
   ahead?: number | null;
   position: number;
   queue?: string | null;
+  scope?: ("queue" | "own") | null;
   wait_s?: number | null;
 }
 export interface TaskRecord {
