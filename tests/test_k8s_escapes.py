@@ -905,6 +905,85 @@ def test_a_user_cannot_write_megabytes_at_a_time(k8s_plane, ann):
     refused(answer, "is too big", "annotations: at most 16 KiB")
 
 
+FIND_OWNER = "owner references must name their owner as Kubernetes names objects"
+
+
+@pytest.mark.parametrize(
+    ("name", "uid"),
+    [(".", None), ("./.", None), ("./././.", None), ("a" * 300, None), ("ok", "not-a-uid")],
+    ids=["dot", "dot-slash-dot", "dots", "too-long", "bad-uid"],
+)
+def test_an_owner_the_garbage_collector_cannot_look_up_is_refused(k8s_plane, ann, name, uid):
+    """An owner named "." (or "./.") is joined into the collector's GET path and cleaned into the LIST of
+    every Job, which never answers "not found": the collector retries for ever, and the Job (its pods,
+    GPUs and queue admission) or the Secret, Service or policy outlives the server, the lifeline and
+    culling (review of stop 44, seen on the real node: a Job owned by "." still there after 3 minutes, one
+    owned by a missing name collected in 20 s). Refused on Jobs and on the objects a job owns."""
+    ns, token = ann
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid or str(uuid.uuid4())}
+    job = gpu_job(k8s_plane, ns, f"gc-{uuid.uuid4().hex[:6]}")
+    job["metadata"]["ownerReferences"].append(owner)
+    refused(call(k8s_plane, token, "POST", jobs_path(ns), job), FIND_OWNER)
+    secret = {"metadata": {"name": f"gc-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]}}
+    refused(call(k8s_plane, token, "POST", f"/api/v1/namespaces/{ns}/secrets", secret), FIND_OWNER)
+    # the control: a real owner's name and UID
+    good = _owned_by_job(k8s_plane, token, ns)
+    secret["metadata"]["ownerReferences"] = [good]
+    code, body = call(k8s_plane, token, "POST", f"/api/v1/namespaces/{ns}/secrets?dryRun=All", secret)
+    assert code == 201, body.get("message", body)
+
+
+def test_a_jobs_template_metadata_node_selector_and_paths_are_bounded(k8s_plane, ann):
+    """What no bound counted (review of stop 44): a pod template's own name, generateName, UID, owners
+    and managedFields (stored with the Job, never given to its pods), a node selector of thousands of
+    labels, mount paths by `subPathExpr`, `terminationMessagePath`, a volume's items' paths: each 20 KB
+    here, each admitted before, each growing a Job to etcd's limit. %%tfdist's own Job is the control."""
+    ns, token = ann
+    big = "x" * 20_000
+    one_label = "a" * 63
+
+    def template_meta(t: dict) -> None:
+        t["metadata"]["generateName"] = big
+
+    def template_owner(t: dict) -> None:
+        t["metadata"]["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": str(uuid.uuid4())}
+        ]
+
+    def node_selector(t: dict) -> None:
+        t["spec"]["nodeSelector"] |= {f"x{i}.example/{one_label[:40]}": one_label for i in range(3000)}
+
+    def sub_path_expr(t: dict) -> None:
+        t["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+        t["spec"]["containers"][0]["volumeMounts"] = [
+            {"name": "v", "mountPath": f"/m{i}", "subPathExpr": "y" * 8000} for i in range(4)
+        ]
+
+    def termination_path(t: dict) -> None:
+        t["spec"]["containers"][0]["terminationMessagePath"] = "/" + big
+
+    def item_paths(t: dict) -> None:
+        ref = {"fieldPath": "metadata.name"}
+        items = [{"path": f"p{i}-" + "z" * 4000, "fieldRef": ref} for i in range(8)]
+        t["spec"]["volumes"] = [{"name": "d", "downwardAPI": {"items": items}}]
+
+    for change, says in (
+        (template_meta, "may set only labels and annotations"),
+        (template_owner, "may set only labels and annotations"),
+        (node_selector, "node selector: at most 8 labels"),
+        (sub_path_expr, "command and arguments: at most 16 KiB"),
+        (termination_path, "command and arguments: at most 16 KiB"),
+        (item_paths, "command and arguments: at most 16 KiB"),
+    ):
+        job = gpu_job(k8s_plane, ns, f"tm-{uuid.uuid4().hex[:6]}")
+        change(job["spec"]["template"])
+        refused(call(k8s_plane, token, "POST", jobs_path(ns), job), says)
+    code, body = call(
+        k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", gpu_job(k8s_plane, ns, "tm-control")
+    )
+    assert code == 201, body.get("message", body)
+
+
 def _filler(api_version: str, fields: dict[str, Any], manager: str = "filler") -> dict[str, Any]:
     """A managedFields entry as a client may send it: any manager, paths the object does not have."""
     return {

@@ -28,7 +28,8 @@ FC = "/apis/flowcontrol.apiserver.k8s.io/v1"
 def classified(plane, token: str, path: str) -> tuple[str, str]:
     """(FlowSchema, PriorityLevelConfiguration) UIDs the API server classified a request of `token` in."""
     req = urllib.request.Request(plane.server + path)
-    req.add_header("Authorization", f"Bearer {token}")
+    if token:  # none: an anonymous request (a job pod's curl without its token)
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, context=plane._ssl, timeout=10) as resp:
             headers = resp.headers
@@ -71,6 +72,8 @@ def test_users_and_the_hub_are_in_levels_of_their_own(k8s_plane, users):
     shared = uid(k8s_plane, "flowschemas", "service-accounts")
     assert classified(k8s_plane, ann_token, pods)[0] == shared
     assert classified(k8s_plane, hub_token, pods)[0] == shared
+    anonymous = classified(k8s_plane, "", pods)  # the built-in global-default: beside admins' tools
+    assert anonymous[0] != shared and anonymous[0] == uid(k8s_plane, "flowschemas", "global-default")
 
     with flowcontrol_applied(k8s_plane, hub_ns):
         tenants = (
@@ -91,6 +94,10 @@ def test_users_and_the_hub_are_in_levels_of_their_own(k8s_plane, users):
         assert classified(k8s_plane, ann_token, "/api/v1/nodes") == tenants
         bob_token = _token(k8s_plane, bob, tenancy.NOTEBOOK_SA)
         assert classified(k8s_plane, bob_token, f"/api/v1/namespaces/{bob}/pods") == tenants
+        # a request without a token (refused, but it took its seat first) in the tenants' level too, one
+        # flow for all of them; the health endpoints stay in the built-in exempt `probes`
+        assert classified(k8s_plane, "", pods) == tenants
+        assert classified(k8s_plane, "", "/readyz")[0] == uid(k8s_plane, "flowschemas", "probes")
         # and the hub apart, in workload-high
         assert classified(k8s_plane, hub_token, pods) == hubs
         for name in ("tfdist-tenants", "tfdist-hub"):
