@@ -120,7 +120,8 @@ class GpuModel(_Strict):
     display_name: str = Field(min_length=1, max_length=200)
     #: the extended resource requested for it (nvidia.com/gpu, or a MIG slice such as nvidia.com/mig-1g.10gb)
     resource: str = Field("nvidia.com/gpu", pattern=f"^{_RESOURCE}$", max_length=253)
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    #: at most 8 labels: the admission policy refuses a job pod with more (tfdist-user-placement)
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=8)
     tolerations: list[Toleration] = Field(default_factory=list)
     #: embedded mode: a regex that must fully match the NVML device name, e.g. "NVIDIA H100.*"
     nvml_name: str = ".*"

@@ -945,6 +945,13 @@ def test_a_jobs_template_metadata_node_selector_and_paths_are_bounded(k8s_plane,
     def template_meta(t: dict) -> None:
         t["metadata"]["generateName"] = big
 
+    def template_self_link(t: dict) -> None:
+        t["metadata"]["selfLink"] = "/" + big
+
+    def token_path(t: dict) -> None:
+        token = {"serviceAccountToken": {"path": "t" + big, "expirationSeconds": 3600}}
+        t["spec"]["volumes"] = [{"name": "p", "projected": {"sources": [token]}}]
+
     def template_owner(t: dict) -> None:
         t["metadata"]["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": str(uuid.uuid4())}
@@ -970,6 +977,8 @@ def test_a_jobs_template_metadata_node_selector_and_paths_are_bounded(k8s_plane,
     for change, says in (
         (template_meta, "may set only labels and annotations"),
         (template_owner, "may set only labels and annotations"),
+        (template_self_link, "may set only labels and annotations"),
+        (token_path, "command and arguments: at most 16 KiB"),
         (node_selector, "node selector: at most 8 labels"),
         (sub_path_expr, "command and arguments: at most 16 KiB"),
         (termination_path, "command and arguments: at most 16 KiB"),
@@ -1019,10 +1028,12 @@ def test_managed_fields_a_user_sends_are_bounded(k8s_plane, ann):
         meta = {"name": f"mf-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]}
         return {"metadata": meta | {"managedFields": list(entries)}, "stringData": {"token": "t"}}
 
-    says = "metadata.managedFields: at most 16 entries of 32 KiB"
-    refused(call(k8s_plane, token, "POST", secrets, secret(_filler("v1", wide))), says, "bytes")
-    deep = secret(_filler("v1", _deep(14)))
-    refused(call(k8s_plane, token, "POST", secrets, deep), "nested deeper than 12")
+    says = "metadata.managedFields: at most 16 entries with 32768 characters of field paths"
+    refused(call(k8s_plane, token, "POST", secrets, secret(_filler("v1", wide))), says, "characters)")
+    too_deep = secret(_filler("v1", _deep(13)))
+    refused(call(k8s_plane, token, "POST", secrets, too_deep), "nested deeper than 12")
+    code, body = call(k8s_plane, token, "POST", secrets + "?dryRun=All", secret(_filler("v1", _deep(12))))
+    assert code == 201, body.get("message", body)  # the edge: 12 keys deep is what the walk reaches
     many = [_filler("v1", {"f:metadata": {}}, manager=f"m{i}") for i in range(17)]
     refused(call(k8s_plane, token, "POST", secrets, secret(*many)), says, "18 entries")  # + its own
     job = gpu_job(k8s_plane, ns, f"mf-{uuid.uuid4().hex[:6]}")

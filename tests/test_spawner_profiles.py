@@ -65,6 +65,11 @@ def test_shipped_profiles_load(path: Path) -> None:
         ),
         (("slug: gpu", "slug: gpu\n    slug: cpu"), "line 6, column 5", "the key 'slug' is written twice"),
         (("groups: [ml]", "groups: [ml"), "line", "not valid YAML"),
+        (
+            ("{nvidia.com/gpu.product: H100}", "{" + ", ".join(f"l{i}: v" for i in range(9)) + "}"),
+            "gpu_models.h100.node_selector",
+            "at most 8 items",
+        ),
     ],
     ids=[
         "range",
@@ -77,6 +82,7 @@ def test_shipped_profiles_load(path: Path) -> None:
         "float-gpus",
         "duplicate-key",
         "yaml-syntax",
+        "node-selector-over-the-policys-8",
     ],
 )
 def test_broken_file_names_file_key_reason(

@@ -289,7 +289,7 @@ async def queue_events(
             return
         if pos is not None:
             pace.see(time.time(), pos.position)
-        if pos is not None and (pos.position, pos.ahead) != last:
-            last = (pos.position, pos.ahead)
+        if pos is not None and (pos.position, pos.ahead, pos.source) != last:  # what it counts, too
+            last = (pos.position, pos.ahead, pos.source)
             yield pos.event().model_copy(update={"wait_s": pace.wait_s(time.time())})
         await asyncio.sleep(every_s)
