@@ -102,6 +102,19 @@ def jobs_path(ns: str) -> str:
     return f"/apis/batch/v1/namespaces/{ns}/jobs"
 
 
+def updated(plane, token: str, item: str, change) -> tuple[int, dict]:
+    """PUT `item` back with `change` made to it, as the user: the Job controller writes its status in
+    between, so it is read again on a conflict."""
+    answer: tuple[int, dict] = (0, {})
+    for _ in range(10):
+        live = call(plane, token, "GET", item)[1]
+        change(live)
+        answer = call(plane, token, "PUT", item, live)
+        if answer[0] != 409:
+            return answer
+    return answer
+
+
 # ------------------------------------------------------------------------------ HIGH 3: Job UPDATE
 def test_a_suspended_jobs_template_cannot_be_swapped_for_what_create_refuses(k8s_plane, ann):
     ns, token = ann
@@ -111,13 +124,7 @@ def test_a_suspended_jobs_template_cannot_be_swapped_for_what_create_refuses(k8s
     item = f"{jobs_path(ns)}/{name}"
 
     def update(change) -> tuple[int, dict]:
-        for _ in range(10):  # the Job controller writes its status in between: read again on a conflict
-            live = call(k8s_plane, token, "GET", item)[1]
-            change(live)
-            answer = call(k8s_plane, token, "PUT", item, live)
-            if answer[0] != 409:
-                return answer
-        return answer
+        return updated(k8s_plane, token, item, change)
 
     def tolerate_all(j):
         j["spec"]["template"]["spec"]["tolerations"].append({"operator": "Exists"})
@@ -294,12 +301,7 @@ def test_no_finalizers_that_would_keep_a_job_after_its_owner(k8s_plane, ann):
     code, made = call(k8s_plane, token, "POST", jobs_path(ns), job)
     assert code == 201, made
     item = f"{jobs_path(ns)}/{job['metadata']['name']}"
-    for _ in range(10):  # the Job controller writes its status in between: read again on a conflict
-        live = call(k8s_plane, token, "GET", item)[1]
-        live["metadata"]["finalizers"] = ["orphan"]
-        answer = call(k8s_plane, token, "PUT", item, live)
-        if answer[0] != 409:
-            break
+    answer = updated(k8s_plane, token, item, lambda j: j["metadata"].__setitem__("finalizers", ["orphan"]))
     refused(answer, "finalizers are not allowed")
     assert not k8s_plane.get(item)["metadata"].get("finalizers")
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": made["metadata"]["name"]}
@@ -896,12 +898,9 @@ def test_a_user_cannot_write_megabytes_at_a_time(k8s_plane, ann):
     name = f"grow-{uuid.uuid4().hex[:6]}"
     code, made = call(k8s_plane, token, "POST", jobs_path(ns), gpu_job(k8s_plane, ns, name))
     assert code == 201, made
-    for _ in range(10):  # the Job controller writes its status in between: read again on a conflict
-        live = call(k8s_plane, token, "GET", f"{jobs_path(ns)}/{name}")[1]
-        live["metadata"]["annotations"] = {"tfdist.io/spec": MIB[:20_000]}
-        answer = call(k8s_plane, token, "PUT", f"{jobs_path(ns)}/{name}", live)
-        if answer[0] != 409:
-            break
+    big = {"tfdist.io/spec": MIB[:20_000]}
+    item = f"{jobs_path(ns)}/{name}"
+    answer = updated(k8s_plane, token, item, lambda j: j["metadata"].update(annotations=big))
     refused(answer, "is too big", "annotations: at most 16 KiB")
 
 
@@ -1049,13 +1048,7 @@ def test_managed_fields_a_user_sends_are_bounded(k8s_plane, ann):
     item = f"{jobs_path(ns)}/{name}"
 
     def update(change) -> tuple[int, dict]:
-        for _ in range(10):  # the Job controller writes its status in between: read again on a conflict
-            live = call(k8s_plane, token, "GET", item)[1]
-            change(live)
-            answer = call(k8s_plane, token, "PUT", item, live)
-            if answer[0] != 409:
-                return answer
-        return answer
+        return updated(k8s_plane, token, item, change)
 
     def deadline(j: dict) -> None:  # what the lifeline writes
         j["spec"]["activeDeadlineSeconds"] = 600
