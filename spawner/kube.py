@@ -27,6 +27,7 @@ from tfdist import settings
 from tfdist.kube import egress, tenancy
 from tfdist.kube.apply import prepare_user_namespace, prepare_user_queues
 from tfdist.kube.queueing import GATE, L_QUEUE
+from tfdist.podidentity import DEFAULT as DEFAULT_IDENTITY
 
 from .allocator import ModelAvailability
 from .availability import ClusterGpuView
@@ -193,6 +194,16 @@ class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawne
         """The hub's node watch, where it keeps one (the form's free GPUs; rbac-hub-gpu-view.yaml)."""
         return shared_gpu_view() if self.gpu_availability_enabled else None
 
+    @default("uid")
+    def _images_uid(self) -> int:
+        """The images' user (tfdist.podidentity.DEFAULT; z2jh sets the same): pinned, because every job
+        pod must run as the notebook does and the admission policy must know as whom."""
+        return DEFAULT_IDENTITY.run_as_user
+
+    @default("gid")
+    def _images_gid(self) -> int:
+        return DEFAULT_IDENTITY.run_as_group
+
     async def largest_node_gpus(self, cfg: ProfilesConfig) -> dict[str, int] | None:
         if not self.gpu_availability_enabled:
             return None
@@ -240,6 +251,7 @@ class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawne
 
         Not KubeSpawner's own: it creates the namespace bare and adopts one that exists (409), while this
         refuses a namespace that jupyter-tfdist did not make for this user (tenancy.owned_by)."""
+        await self.resolve_pod_identity()
         try:
             await prepare_user_namespace(self.api.api_client, self.tenant_policy())
         except tenancy.NamespaceTaken as e:

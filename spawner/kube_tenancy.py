@@ -7,10 +7,14 @@ spawner's traits and turns them into one typed `TenantPolicy`, which the spawner
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
+from tornado import web
+
 from tfdist.kube import egress, tenancy
+from tfdist.podidentity import PodIdentity
 
 __all__ = ["KubeTenancyMixin"]
 
@@ -32,6 +36,46 @@ class KubeTenancyMixin:
     user_namespace_labels: dict[str, str]
     user_namespace_annotations: dict[str, str]
     gpu_admin_report_url: str
+    uid: Any
+    gid: Any
+    fs_gid: Any
+    supplemental_gids: Any
+    #: `resolve_pod_identity`'s answer for this start (KubeSpawner's traits may be async callables)
+    _tfdist_identity: PodIdentity | None = None
+
+    async def resolve_pod_identity(self) -> PodIdentity:
+        """Who the notebook runs as (KubeSpawner's uid, gid, fs_gid, supplemental_gids, callables resolved
+        as KubeSpawner does), kept for this start: its job pods must run as the same (tfdist.podidentity).
+        A spawn whose uid or gid is unset (the image's own) is refused: the admission policy could not say
+        who job pods may run as."""
+
+        async def value(v: Any) -> Any:
+            v = v(self) if callable(v) else v
+            return await v if inspect.isawaitable(v) else v
+
+        uid, gid = await value(self.uid), await value(self.gid)
+        fs_gid, groups = await value(self.fs_gid), await value(self.supplemental_gids)
+        if uid is None or gid is None:
+            why = (
+                "the hub's KubeSpawner.uid and .gid must be set (they are None): in user namespaces every "
+                "%%tfdist job pod runs as its notebook's user and group, and the admission policy pins them"
+            )
+            self.log.error("tfdist: %s", why)
+            raise web.HTTPError(500, why)
+        try:
+            self._tfdist_identity = PodIdentity(uid, gid, fs_gid, tuple(groups or ()))
+        except ValueError as e:
+            raise web.HTTPError(500, f"the hub's KubeSpawner uid/gid/fs_gid/supplemental_gids: {e}") from None
+        return self._tfdist_identity
+
+    def pod_identity(self) -> PodIdentity:
+        """This start's `resolve_pod_identity`, or the traits as they are (plain values) before one ran."""
+        if self._tfdist_identity is not None:
+            return self._tfdist_identity
+        traits = (self.uid, self.gid, self.fs_gid, self.supplemental_gids)
+        if any(callable(t) for t in traits) or self.uid is None or self.gid is None:
+            raise RuntimeError("resolve_pod_identity() first: uid/gid are callables or unset")
+        return PodIdentity(self.uid, self.gid, self.fs_gid, tuple(self.supplemental_gids or ()))
 
     def tenant_policy(self) -> tenancy.TenantPolicy:
         """What the user's profile allows, as the user namespace's quota and admission parameters."""
@@ -92,6 +136,7 @@ class KubeTenancyMixin:
             namespace_labels=self._expand_all(self.user_namespace_labels),
             namespace_annotations=self._expand_all(self.user_namespace_annotations),
             data_volumes=profile.data_mounts,
+            identity=self.pod_identity(),
             **self._egress_fields(),
         )
 

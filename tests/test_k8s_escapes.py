@@ -21,6 +21,7 @@ from tests.test_k8s_tenancy import GPU_TOL, H100, IMAGE, NOTEBOOK, RESTRICTED, _
 from tfdist.kube import tenancy
 from tfdist.kube.apply import prepare_user_namespace
 from tfdist.kube.egress import EGRESS_POLICY
+from tfdist.podidentity import DEFAULT as NOTEBOOK_IDENTITY
 
 pytestmark = [pytest.mark.k8s]
 # the hub (its RBAC and bounds, the admission policies) and two prepared users, as there
@@ -63,10 +64,11 @@ def gpu_job(plane, ns: str, name: str, **pod: Any) -> dict[str, Any]:
         "name": "c",
         "image": IMAGE,
         "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1", "memory": "1Gi"}},
-        "securityContext": RESTRICTED,
+        "securityContext": dict(RESTRICTED),
     }
     spec = {
         "restartPolicy": "Never",
+        "securityContext": NOTEBOOK_IDENTITY.security_context(),  # tfdist.kube.runas
         "containers": [container],
         "nodeSelector": dict(H100),
         "tolerations": [dict(GPU_TOL)],
@@ -595,6 +597,43 @@ def test_the_hubs_policies_and_objects_cannot_be_deleted_by_the_user(k8s_plane, 
 
 
 # ----------------------------------------------------------- MEDIUM: Pod Security restricted, caps
+def _run_as(**sc: Any):
+    return lambda pod: pod.__setitem__("securityContext", sc)
+
+
+def _container_runs_as(**sc: Any):
+    return lambda pod: pod["containers"][0]["securityContext"].update(sc)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        # another user's files on the shared data volumes: their UID, or a group the notebook is not in
+        (_run_as(runAsUser=2001, runAsGroup=1000), ("must run as your notebook", "runAsUser 1000")),
+        (_run_as(runAsUser=1000, runAsGroup=2001), ("runAsGroup 1000",)),
+        (_container_runs_as(runAsUser=2001), ("container c must run as your notebook",)),
+        (_container_runs_as(runAsGroup=0), ("container c must run as your notebook",)),
+        # the image's own user: whatever an image the user built says
+        (_run_as(), ("container c must run as your notebook",)),
+        # an fsGroup: the kubelet makes every file of the volume that group's, recursively, on mount
+        (_run_as(runAsUser=1000, runAsGroup=1000, fsGroup=4242), ("fsGroup 4242 is not your notebook's",)),
+        (_run_as(runAsUser=1000, runAsGroup=1000, supplementalGroups=[0]), ("supplementary group 0",)),
+    ],
+)
+def test_a_job_runs_as_its_notebook_on_the_shared_data_volumes(k8s_plane, ann, change, words):
+    """Pod Security `restricted` refuses only UID 0: a job pod could run as another user's UID, a group the
+    notebook is not in, or with an fsGroup, and read or overwrite other users' files on the profile's shared
+    data volumes (finding 9 of the security review). Each was admitted before; the backend's identity (the
+    notebook's, tfdist.podidentity) passes."""
+    ns, token = ann
+    ok = gpu_job(k8s_plane, ns, "runs-as")
+    code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", ok)
+    assert code == 201, body
+    job = gpu_job(k8s_plane, ns, "runs-as")
+    change(job["spec"]["template"]["spec"])
+    refused(call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job), *words)
+
+
 def test_a_jobs_pod_gets_no_net_raw_and_no_root(k8s_plane, users):
     """NET_RAW would let a pod spoof ARP on the node's bridge and send packets as another pod; Pod Security
     `baseline` allowed it (and root). The Job is admitted; the Job controller gets no pod for it."""

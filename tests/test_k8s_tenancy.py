@@ -30,6 +30,7 @@ from tfdist.jobspec import JobSpec
 from tfdist.kube import names as kn
 from tfdist.kube import tenancy
 from tfdist.kube.apply import prepare_user_namespace, user_kubeconfig
+from tfdist.podidentity import DEFAULT as DEFAULT_IDENTITY
 from tfdist.settings import from_environ
 
 pytestmark = [pytest.mark.k8s, pytest.mark.usefixtures("private_agent_port")]
@@ -145,6 +146,10 @@ def test_tenant_objects_grant_no_patch_and_no_secret_reads():
         "dataClaims": "",
         "readOnlyClaims": "",
         "maxTasks": "20",
+        "runAsUser": "1000",  # the notebook's (tfdist.podidentity): every job pod's
+        "runAsGroup": "1000",
+        "fsGroup": "",
+        "supplementalGroups": "",
     }
     assert objs[4]["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
     # the quota's NetworkPolicy cap leaves room for the hub's own beside the jobs'
@@ -363,6 +368,7 @@ async def test_notebook_token_reaches_neither_the_hub_nor_other_users(k8s_plane,
                     "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "ml-team"}},
                     "spec": {
                         "restartPolicy": "Never",
+                        "securityContext": DEFAULT_IDENTITY.security_context(),  # admission's; not PSA's
                         "containers": [
                             {"name": "c", "image": IMAGE, "securityContext": {"privileged": True}}
                         ],

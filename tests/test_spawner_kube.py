@@ -211,3 +211,44 @@ async def test_form_is_ours_not_kubespawners(kubeconfig: None) -> None:
     assert 'id="tfdist-form"' in html
     assert "GPU availability is not known" in html  # availability watch disabled in this test
     assert 'value="gpu-large"' not in html  # ml-admins only
+
+
+async def test_the_notebooks_user_and_groups_reach_its_jobs_and_the_policy(kubeconfig: None) -> None:
+    """Every job pod runs as its notebook (the profile's data volumes are shared): the spawner resolves
+    KubeSpawner's uid/gid/fs_gid/supplemental_gids (callables as KubeSpawner does), the notebook pod runs as
+    them, the kernel reads them (TFDIST_POD_IDENTITY) and the namespace's policy parameters pin them."""
+    from tfdist.kube import tenancy
+    from tfdist.podidentity import PodIdentity
+
+    async def fs_gid(spawner: Any) -> int:  # an async callable, as z2jh admins may write
+        return 100
+
+    sp = make_spawner([], fs_gid=fs_gid, supplemental_gids=lambda s: [2000])
+    assert (sp.uid, sp.gid) == (1000, 1000)  # the images' user unless the admin says otherwise
+    got = await sp.resolve_pod_identity()
+    assert got == PodIdentity(1000, 1000, fs_group=100, supplemental_groups=(2000,))
+    cpu = {"profile": "cpu", "cpu": 1, "memory": 2, "image": "quay.io/jupyter/tensorflow-notebook:2026-06-01"}
+    spec = (await _manifest(sp, cpu))["spec"]
+    psc, csc = spec["securityContext"], spec["containers"][0]["securityContext"]  # as KubeSpawner places them
+    assert (csc["runAsUser"], csc["runAsGroup"]) == (1000, 1000)
+    assert (psc["fsGroup"], psc["supplementalGroups"]) == (100, [2000])
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    kernel = from_environ({settings.ENV_POD_IDENTITY: env[settings.ENV_POD_IDENTITY]["value"]})
+    assert kernel.pod_identity == got
+    params = tenancy.policy_params(sp.tenant_policy())["data"]
+    assert (params["runAsUser"], params["runAsGroup"], params["fsGroup"], params["supplementalGroups"]) == (
+        "1000",
+        "1000",
+        "100",
+        "2000",
+    )
+
+
+async def test_a_spawn_whose_notebook_user_is_the_images_own_is_refused(kubeconfig: None) -> None:
+    """uid None (the image's user): the admission policy could not say as whom job pods may run."""
+    from tornado import web
+
+    sp = make_spawner([], uid=None)
+    with pytest.raises(web.HTTPError) as e:
+        await sp.resolve_pod_identity()
+    assert e.value.status_code == 500 and "KubeSpawner.uid and .gid must be set" in e.value.log_message

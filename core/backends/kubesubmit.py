@@ -25,7 +25,7 @@ from ..errors import BackendUnavailable, JobSpecError, TfdistError
 from ..job import detach as dt
 from ..job.vocab import Reason
 from ..jobspec import JobSpec, validate
-from ..kube import allreduce, transport
+from ..kube import allreduce, runas, transport
 from ..kube import datavolumes as dv
 from ..kube import manifests as mf
 from ..kube import names as kn
@@ -142,8 +142,9 @@ class KubeSubmit:
             **placement,
         )
         # every pod of the job mounts the profile's data volumes where the notebook has them
-        data = self.settings.data_volumes
+        data, identity = self.settings.data_volumes, self.settings.pod_identity
         dv.with_data_volumes(root, data)
+        runas.with_identity(root, identity)  # every pod as the notebook's user (the shared data volumes)
         # The checks read and create nothing, so they run together; the first refusal cancels the others.
         # A job its queue can never hold is refused at once, not after the namespace's quota waited for
         # this user's ending jobs to let go.
@@ -164,6 +165,7 @@ class KubeSubmit:
             )
             for obj in objects:
                 dv.with_data_volumes(obj, data)
+                runas.with_identity(obj, identity)
                 if obj["kind"] == "Job":
                     obj["spec"]["suspend"] = True
             return objects

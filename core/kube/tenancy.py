@@ -17,7 +17,8 @@ namespace that holds their notebook pods and their `%%tfdist` jobs, and in it:
 * ``tfdist-policy``, the parameters of the cluster's ValidatingAdmissionPolicy
   (hub_config/admission-policy.yaml): which GPU resource, node selector, tolerations and Kueue queue pods
   created by the user's service accounts must carry, and the only volume claims they may mount: the
-  profile's data volumes (read-only ones only read-only). The user cannot edit it (no configmaps verb).
+  profile's data volumes (read-only ones only read-only), and the user and groups they run as (the
+  notebook's: tfdist.podidentity). The user cannot edit it (no configmaps verb).
 
 The namespace is labelled ``tfdist.io/tenant=true`` (the admission policy's binding selects on it), with
 the user it was made for, and Pod Security ``restricted`` (non-root, no capabilities such as NET_RAW that
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..datamounts import DataMount
+from ..podidentity import DEFAULT as DEFAULT_IDENTITY
+from ..podidentity import PodIdentity
 from . import names as kn
 from .egress import DEFAULT_HUB_PORT, Endpoint, default_egress
 
@@ -137,6 +140,9 @@ class TenantPolicy:
     egress_deny: tuple[str, ...] = ()  # IPv4 CIDRs the internet rule leaves out (tfdist.kube.egress)
     #: the profile's data volumes: the only claims job pods may mount (tfdist.datamounts)
     data_volumes: tuple[DataMount, ...] = ()
+    #: who the notebook runs as: every job pod must run as exactly this user and these groups (the data
+    #: volumes are shared: tfdist.podidentity)
+    identity: PodIdentity = DEFAULT_IDENTITY
     #: labels and annotations the admin asked for (KubeSpawner's user_namespace_labels/annotations)
     namespace_labels: dict[str, str] = field(default_factory=dict)
     namespace_annotations: dict[str, str] = field(default_factory=dict)
@@ -335,6 +341,11 @@ def policy_params(p: TenantPolicy) -> dict[str, Any]:
             "runtimeClasses": "\n".join(p.runtime_classes),
             "dataClaims": "\n".join(sorted({m.claim for m in p.data_volumes})),
             "readOnlyClaims": "\n".join(sorted({m.claim for m in p.data_volumes if m.read_only})),
+            # the notebook's user and groups: a job pod may run as no other (the shared data volumes)
+            "runAsUser": str(p.identity.run_as_user),
+            "runAsGroup": str(p.identity.run_as_group),
+            "fsGroup": "" if p.identity.fs_group is None else str(p.identity.fs_group),
+            "supplementalGroups": "\n".join(str(g) for g in p.identity.supplemental_groups),
             # a Job's tasks (its parallelism, = completions): no more than the namespace may run at once
             "maxTasks": "" if p.pods_quota is None else str(p.pods_quota),
         },

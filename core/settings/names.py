@@ -21,6 +21,7 @@ ENV_USER = "TFDIST_USER"  # the hub user name (labels); falls back to JUPYTERHUB
 ENV_STATE_DIR = "TFDIST_STATE_DIR"  # where local jobs keep sockets, logs and results
 ENV_LIFELINE_GRACE_S = "TFDIST_LIFELINE_GRACE_S"  # kernel gone this long: the cluster ends its attached jobs
 ENV_DATA_VOLUMES = "TFDIST_DATA_VOLUMES"  # JSON list: the profile's data volumes {claim, mount, read_only}
+ENV_POD_IDENTITY = "TFDIST_POD_IDENTITY"  # JSON: the notebook's user and groups (job pods')
 
 # The notebook server, set by the admin (KernelSettings).
 ENV_RESULT_RETENTION_S = "TFDIST_RESULT_RETENTION_S"

@@ -16,6 +16,8 @@ from pydantic import AliasChoices, Field, ValidationError, field_validator, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ..datamounts import DataMount
+from ..podidentity import DEFAULT as DEFAULT_IDENTITY
+from ..podidentity import PodIdentity
 from .fields import SettingsError
 from .groups import LIFELINE_GRACE_MAX_S, LIFELINE_GRACE_MIN_S, LIFELINE_GRACE_S
 from .names import (
@@ -28,6 +30,7 @@ from .names import (
     ENV_KUEUE_QUEUE,
     ENV_LIFELINE_GRACE_S,
     ENV_NAMESPACE,
+    ENV_POD_IDENTITY,
     ENV_POD_NAME,
     ENV_POD_UID,
     ENV_STATE_DIR,
@@ -97,6 +100,13 @@ class Settings(BaseSettings):
         description="JSON list of {claim, mount, read_only}: the profile's data volumes, which every pod "
         "of the server's jobs mounts where the notebook has them; unset: none.",
     )
+    pod_identity: PodIdentity = Field(
+        DEFAULT_IDENTITY,
+        validation_alias=ENV_POD_IDENTITY,
+        description="JSON object {runAsUser, runAsGroup, fsGroup?, supplementalGroups?}: who the notebook "
+        "runs as, and so every pod of its jobs (the admission policy refuses any other); unset: 1000:1000, "
+        "the images' user.",
+    )
     user: str = Field(
         "user",
         validation_alias=AliasChoices(ENV_USER, "JUPYTERHUB_USER", "USER"),
@@ -130,6 +140,11 @@ class Settings(BaseSettings):
     @classmethod
     def _json(cls, v: Any) -> Any:
         return json.loads(v) if isinstance(v, str) else v
+
+    @field_validator("pod_identity", mode="before")
+    @classmethod
+    def _identity(cls, v: Any) -> Any:
+        return PodIdentity.load(v) if isinstance(v, (str, dict)) else v
 
     @model_validator(mode="after")
     def _default_state_dir(self) -> Settings:
