@@ -527,6 +527,43 @@ def test_a_user_service_cannot_reach_past_the_namespace(k8s_plane, ann, spec, sa
     assert code == 201, body
 
 
+CLUSTER_ADDRESS = "a Service with a cluster address (not headless, clusterIP: None) is only a returning"
+
+
+def _ps_shaped(**spec: Any) -> dict[str, Any]:
+    return {
+        "selector": {"tfdist.io/role": "ps", "batch.kubernetes.io/job-completion-index": "0"},
+        "ports": [{"name": "tf", "port": 2222}],
+        **spec,
+    }
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"selector": {"app": "x"}, "ports": [{"port": 80}]},  # any ClusterIP Service: an address for each
+        _ps_shaped(selector={"tfdist.io/role": "ps"}),  # every PS of the namespace behind one address
+        _ps_shaped(ports=[{"name": "a", "port": 2222}, {"name": "b", "port": 2223}]),
+    ],
+    ids=["any-selector", "no-index", "two-ports"],
+)
+def test_a_cluster_address_only_for_a_returning_ps(k8s_plane, ann, spec):
+    """Each Service with a cluster address takes one from the one Service range that every team, the hub
+    and kube-system share, and no quota tells it from a headless one (finding 8 of stop 42's review): only
+    %%tfdist's returning PS gets one (tfdist.kube.access.ps_service). Each was admitted before; the backend's own PS Service passes."""
+    from tfdist.jobspec import JobSpec
+    from tfdist.kube.access import ps_service
+
+    ns, token = ann
+    owner = _owned_by_job(k8s_plane, token, ns)
+    services = f"/api/v1/namespaces/{ns}/services"
+    svc = {"metadata": {"name": f"s-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]}, "spec": spec}
+    refused(call(k8s_plane, token, "POST", services + "?dryRun=All", svc), CLUSTER_ADDRESS)
+    ours = ps_service(JobSpec(name=f"ps-{uuid.uuid4().hex[:6]}", user="ann", checkpoint_every=10), "ps-0", owner)
+    code, body = call(k8s_plane, token, "POST", services + "?dryRun=All", ours)
+    assert code == 201, body
+
+
 def test_no_service_account_token_secret_no_egress_policy_no_unowned_objects(k8s_plane, ann):
     ns, token = ann
     owner = _owned_by_job(k8s_plane, token, ns)
