@@ -550,7 +550,8 @@ def _ps_shaped(**spec: Any) -> dict[str, Any]:
 def test_a_cluster_address_only_for_a_returning_ps(k8s_plane, ann, spec):
     """Each Service with a cluster address takes one from the one Service range that every team, the hub
     and kube-system share, and no quota tells it from a headless one (finding 8 of stop 42's review): only
-    %%tfdist's returning PS gets one (tfdist.kube.access.ps_service). Each was admitted before; the backend's own PS Service passes."""
+    %%tfdist's returning PS gets one (tfdist.kube.access.ps_service). Each was admitted before; the
+    backend's own PS Service passes."""
     from tfdist.jobspec import JobSpec
     from tfdist.kube.access import ps_service
 
@@ -559,7 +560,8 @@ def test_a_cluster_address_only_for_a_returning_ps(k8s_plane, ann, spec):
     services = f"/api/v1/namespaces/{ns}/services"
     svc = {"metadata": {"name": f"s-{uuid.uuid4().hex[:6]}", "ownerReferences": [owner]}, "spec": spec}
     refused(call(k8s_plane, token, "POST", services + "?dryRun=All", svc), CLUSTER_ADDRESS)
-    ours = ps_service(JobSpec(name=f"ps-{uuid.uuid4().hex[:6]}", user="ann", checkpoint_every=10), "ps-0", owner)
+    spec_ = JobSpec(name=f"ps-{uuid.uuid4().hex[:6]}", user="ann", checkpoint_every=10)
+    ours = ps_service(spec_, "ps-0", owner)
     code, body = call(k8s_plane, token, "POST", services + "?dryRun=All", ours)
     assert code == 201, body
 
