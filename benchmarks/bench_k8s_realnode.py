@@ -33,7 +33,7 @@ seconds: the whole machine busy (cpu_machine_busy_s), the kernel process (cpu_ke
 (throttled_containers_s), from the cgroups, sampled every 0.2 s; from the start to the coordinator connected
 (`servers`), each container process's CPU seconds by its part (cpu_to_connect_<role>_s: the chief pod's
 agent and coordinator, the server pods' entry points and TF servers, the bare coordinator and servers,
-from /proc). Each figure is the median of the repeats.
+from /proc), and the same to the end of the first epoch (cpu_to_epoch_1_<role>_s). Each figure is the median of the repeats.
 """
 
 from __future__ import annotations
@@ -345,6 +345,7 @@ def run_tfdist(k: Any, line: str, clock: PodClock | None = None) -> dict[str, An
     out["epoch_1"] = round(ends[0] - t0, 2)
     out |= cpu.until(ends[0])
     out |= cpu.by_role(t0 + out["servers"] if out.get("servers") is not None else None, "cpu_to_connect")
+    out |= cpu.by_role(ends[0], "cpu_to_epoch_1")
     if out["first_step"] is not None:  # the heartbeat reads the step counter every 2 s
         out["first_step"] = min(out["first_step"], out["epoch_1"])
     out["steps_per_s"] = steps_per_s(ends)
@@ -420,6 +421,7 @@ def run_bare(cluster: RealCluster, ns: str, name: str, image: str, files: dict[s
     cpu.stop.set()
     out |= cpu.until(t0 + got["launch_to_first_epoch_s"])
     out |= cpu.by_role(m["chief-0"].get("servers"), "cpu_to_connect")
+    out |= cpu.by_role(t0 + got["launch_to_first_epoch_s"], "cpu_to_epoch_1")
     out["steps_per_s"] = got["steps_per_s_after_first_epoch"]
     deadline = time.monotonic() + 120
     while rest := bare_left(cluster, ns, name):

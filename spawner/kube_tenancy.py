@@ -36,6 +36,7 @@ class KubeTenancyMixin:
     user_namespace_labels: dict[str, str]
     user_namespace_annotations: dict[str, str]
     gpu_admin_report_url: str
+    worker_image: str
     uid: Any
     gid: Any
     fs_gid: Any
@@ -88,6 +89,7 @@ class KubeTenancyMixin:
                 namespace=self.namespace,
                 gpu_quota={m.resource: 0 for m in cfg.gpu_models.values()},
                 pods_quota=1,
+                images=(),
                 **self._egress_fields(),
             )
         quota = {m.resource: 0 for m in cfg.gpu_models.values()}
@@ -137,6 +139,10 @@ class KubeTenancyMixin:
             namespace_annotations=self._expand_all(self.user_namespace_annotations),
             data_volumes=profile.data_mounts,
             identity=self.pod_identity(),
+            images=tuple(
+                dict.fromkeys([*(i.image for i in profile.images), *filter(None, [self.worker_image])])
+            ),
+            image_pattern=profile.custom_image.regex if profile.custom_image is not None else "",
             **self._egress_fields(),
         )
 

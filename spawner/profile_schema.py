@@ -55,6 +55,24 @@ def _regex(v: str) -> str:
     return v
 
 
+# what Python's re has and RE2 (the API server's CEL `matches`, which checks job pods' images against the
+# same pattern) has not: lookaround, backreferences, atomic groups, conditionals, possessive quantifiers, \Z
+_NOT_RE2 = re.compile(r"\(\?(?:[=!>(]|<[=!]|P=)|\\[1-9Z]|[*+?}]\+")
+
+
+def _re2_regex(v: str) -> str:
+    """`_regex`, and one the admission policy's RE2 reads the same way (hub_config/admission-policy.yaml)."""
+    _regex(v)
+    bad = _NOT_RE2.search(v)
+    if bad:
+        raise ValueError(
+            f"uses {bad.group(0)!r}, which RE2 (the admission policy's regular expressions, checking job "
+            "pods' images against the same pattern) does not have: no lookaround, backreferences, atomic "
+            "groups, possessive quantifiers or \\Z"
+        )
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -167,7 +185,7 @@ class CustomImage(_Strict):
     @field_validator("regex")
     @classmethod
     def _compiles(cls, v: str) -> str:
-        return _regex(v)
+        return _re2_regex(v)
 
     def matches(self, image: str) -> bool:
         return re.fullmatch(self.regex, image) is not None

@@ -673,6 +673,44 @@ def test_a_job_runs_as_its_notebook_on_the_shared_data_volumes(k8s_plane, ann, c
     refused(call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job), *words)
 
 
+TEAM_IMAGES = r"registry\.example\.org/team/[a-z-]+:[0-9.]+"
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "docker.io/attacker/etc-group:1",  # its own /etc/group, or 40 GB of layers on every node's disk
+        "registry.example.org/team/notebook:1.0-evil",  # the pattern matches whole, never a prefix
+        "x" + IMAGE,  # the list's images exactly
+        "registry.example.org/team/private:1",  # another user's, cached on the node: by pattern only
+    ],
+)
+async def test_a_job_runs_only_the_images_its_profile_offers(k8s_plane, users, image):
+    """Finding 10 of stop 42's review (and the image's /etc/group beside the pinned uid): a job pod may run
+    only the profile's images, its worker image, or what its free-form pattern matches whole. Each was
+    admitted before; the profile's own pass."""
+    from tests.test_k8s_tenancy import _api_for_token, gpu_policy
+
+    ns = users["ann"]
+    private = "registry.example.org/team/private:1" == image
+    pattern = r"registry\.example\.org/team/(?:notebook|worker):[0-9.]+" if private else TEAM_IMAGES
+    policy = gpu_policy("ann", ns, hub_namespace=users["hub"], images=(IMAGE,), image_pattern=pattern)
+    async with _api_for_token(k8s_plane, _token(k8s_plane, users["hub"], "hub")) as api:
+        await prepare_user_namespace(api, policy)
+    token = _token(k8s_plane, ns, tenancy.NOTEBOOK_SA)
+    for ok in (IMAGE, "registry.example.org/team/notebook:1.0"):
+        job = gpu_job(k8s_plane, ns, "img")
+        job["spec"]["template"]["spec"]["containers"][0]["image"] = ok
+        code, body = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job)
+        assert code == 201, body
+    job = gpu_job(k8s_plane, ns, "img")
+    job["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    refused(
+        call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job),
+        f"image {image} is not one your profile offers ({IMAGE}, or matching ",
+    )
+
+
 def test_a_jobs_pod_gets_no_net_raw_and_no_root(k8s_plane, users):
     """NET_RAW would let a pod spoof ARP on the node's bridge and send packets as another pod; Pod Security
     `baseline` allowed it (and root). The Job is admitted; the Job controller gets no pod for it."""

@@ -500,6 +500,7 @@ async def test_notebook_rbac_with_its_own_token(k8s_plane, k8s_api, k8s_namespac
         kc["users"] = [{"name": "nb", "user": {"token": token}}]
         kc["contexts"][0]["context"]["user"] = "nb"
         kc_path = Path(k8s_plane.workdir) / f"nb-{ns_a}.kubeconfig"
+        kc_path.touch(mode=0o600)  # a token: private as the plane's own (test_cluster_hardening.py checks)
         kc_path.write_text(yaml.safe_dump(kc))
 
         def nb_backend(ns: str) -> KubernetesBackend:

@@ -223,7 +223,8 @@ async def test_the_notebooks_user_and_groups_reach_its_jobs_and_the_policy(kubec
     async def fs_gid(spawner: Any) -> int:  # an async callable, as z2jh admins may write
         return 100
 
-    sp = make_spawner([], fs_gid=fs_gid, supplemental_gids=lambda s: [2000])
+    worker = "registry.example.org/ml/tfdist-worker:0.1"
+    sp = make_spawner([], fs_gid=fs_gid, supplemental_gids=lambda s: [2000], worker_image=worker)
     assert (sp.uid, sp.gid) == (1000, 1000)  # the images' user unless the admin says otherwise
     got = await sp.resolve_pod_identity()
     assert got == PodIdentity(1000, 1000, fs_group=100, supplemental_groups=(2000,))
@@ -236,6 +237,9 @@ async def test_the_notebooks_user_and_groups_reach_its_jobs_and_the_policy(kubec
     kernel = from_environ({settings.ENV_POD_IDENTITY: env[settings.ENV_POD_IDENTITY]["value"]})
     assert kernel.pod_identity == got
     params = tenancy.policy_params(sp.tenant_policy())["data"]
+    # the images job pods may run: the profile's list exactly and its free-form pattern (RE2, matched whole)
+    assert params["images"] == f"quay.io/jupyter/tensorflow-notebook:2026-06-01\n{worker}"
+    assert params["imagePattern"] == ""  # the CPU profile has none (test_spawner_validation: one that has)
     assert (params["runAsUser"], params["runAsGroup"], params["fsGroup"], params["supplementalGroups"]) == (
         "1000",
         "1000",

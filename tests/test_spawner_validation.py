@@ -9,7 +9,7 @@ import pytest
 
 from tfdist.spawner.allocator import ModelAvailability
 from tfdist.spawner.form import CUSTOM_IMAGE, form_to_raw, render_form
-from tfdist.spawner.profiles import parse_profiles
+from tfdist.spawner.profiles import ProfilesFileError, parse_profiles
 from tfdist.spawner.validation import OptionsError, UserContext, validate_options
 
 RAW: dict = {
@@ -195,3 +195,15 @@ def test_form_shows_and_bounds_most_free_on_one_node() -> None:
     # free GPUs but none on a usable node (e.g. 0 fit): the model and the GPU-only profile are disabled
     html = render_form(CFG, ML, {"h100": ModelAvailability(free=0, total=8, max_on_node=0)}, remembered=())
     assert re.search(r'value="gpu"[^>]*disabled', html)
+
+
+@pytest.mark.parametrize(
+    "regex", [r"reg\.io/(?!evil)[a-z]+:1", r"(reg)\.io/\1:1", r"reg\.io/[a-z]++:1", r"reg\.io/x\Z"]
+)
+def test_a_custom_image_pattern_the_admission_policy_cannot_read_stops_the_hub(regex: str) -> None:
+    """The user namespace's admission policy checks job pods' images against the same pattern with RE2
+    (CEL's `matches`): a Python-only construct would refuse every custom image there, or read differently."""
+    raw = copy.deepcopy(RAW)
+    raw["profiles"][1]["custom_image"] = {"regex": regex}
+    with pytest.raises(ProfilesFileError, match=r"custom_image\.regex: uses .*, which RE2 .* does not have"):
+        parse_profiles(raw)

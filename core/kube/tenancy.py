@@ -143,6 +143,10 @@ class TenantPolicy:
     #: who the notebook runs as: every job pod must run as exactly this user and these groups (the data
     #: volumes are shared: tfdist.podidentity)
     identity: PodIdentity = DEFAULT_IDENTITY
+    #: the only images job pods may run: the profile's list and the worker image, exactly, and what its
+    #: free-form pattern (`custom_image.regex`, RE2 syntax) matches whole; None: any image
+    images: tuple[str, ...] | None = None
+    image_pattern: str = ""
     #: labels and annotations the admin asked for (KubeSpawner's user_namespace_labels/annotations)
     namespace_labels: dict[str, str] = field(default_factory=dict)
     namespace_annotations: dict[str, str] = field(default_factory=dict)
@@ -346,6 +350,10 @@ def policy_params(p: TenantPolicy) -> dict[str, Any]:
             "runAsGroup": str(p.identity.run_as_group),
             "fsGroup": "" if p.identity.fs_group is None else str(p.identity.fs_group),
             "supplementalGroups": "\n".join(str(g) for g in p.identity.supplemental_groups),
+            # the images the profile offers: what an image a user built could do (groups of its own in
+            # /etc/group, tens of gigabytes on every node's disk) stays out, as do other users' private
+            # images cached on a node (absent: any image)
+            **({} if p.images is None else {"images": "\n".join(p.images), "imagePattern": p.image_pattern}),
             # a Job's tasks (its parallelism, = completions): no more than the namespace may run at once
             "maxTasks": "" if p.pods_quota is None else str(p.pods_quota),
         },
