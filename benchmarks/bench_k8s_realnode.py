@@ -33,7 +33,8 @@ seconds: the whole machine busy (cpu_machine_busy_s), the kernel process (cpu_ke
 (throttled_containers_s), from the cgroups, sampled every 0.2 s; from the start to the coordinator connected
 (`servers`), each container process's CPU seconds by its part (cpu_to_connect_<role>_s: the chief pod's
 agent and coordinator, the server pods' entry points and TF servers, the bare coordinator and servers,
-from /proc), and the same to the end of the first epoch (cpu_to_epoch_1_<role>_s). Each figure is the median of the repeats.
+from /proc), and the same to the end of the first epoch (cpu_to_epoch_1_<role>_s). Each figure is the
+median of the repeats.
 """
 
 from __future__ import annotations
