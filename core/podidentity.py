@@ -18,7 +18,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT", "PodIdentity"]
+__all__ = ["DEFAULT", "MAX_SUPPLEMENTAL_GROUPS", "PodIdentity"]
+
+#: hub_config/admission-policy.yaml refuses a job pod with more (a list no other bound counts)
+MAX_SUPPLEMENTAL_GROUPS = 4
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,11 @@ class PodIdentity:
             raise ValueError(f"user and group ids must be integers in 0..2^31-1, not {ids}")
         if self.run_as_user == 0:
             raise ValueError("runAsUser 0 (root) is refused by Pod Security `restricted`")
+        if len(self.supplemental_groups) > MAX_SUPPLEMENTAL_GROUPS:
+            raise ValueError(
+                f"at most {MAX_SUPPLEMENTAL_GROUPS} supplementary groups (the admission policy's bound on "
+                f"a job pod), not {len(self.supplemental_groups)}"
+            )
 
     def security_context(self) -> dict[str, Any]:
         """The pod-level securityContext fields this identity sets (merged into the pod's own)."""

@@ -36,11 +36,14 @@ class KubeTenancyMixin:
     user_namespace_labels: dict[str, str]
     user_namespace_annotations: dict[str, str]
     gpu_admin_report_url: str
+    tfdist_groups: Any
     worker_image: str
     uid: Any
     gid: Any
     fs_gid: Any
     supplemental_gids: Any
+    container_security_context: dict[str, Any]
+    pod_security_context: dict[str, Any]
     #: `resolve_pod_identity`'s answer for this start (KubeSpawner's traits may be async callables)
     _tfdist_identity: PodIdentity | None = None
 
@@ -54,8 +57,22 @@ class KubeTenancyMixin:
             v = v(self) if callable(v) else v
             return await v if inspect.isawaitable(v) else v
 
-        uid, gid = await value(self.uid), await value(self.gid)
-        fs_gid, groups = await value(self.fs_gid), await value(self.supplemental_gids)
+        self._tfdist_identity = self._identity(
+            await value(self.uid),
+            await value(self.gid),
+            await value(self.fs_gid),
+            await value(self.supplemental_gids),
+        )
+        return self._tfdist_identity
+
+    def _identity(self, uid: Any, gid: Any, fs_gid: Any, groups: Any) -> PodIdentity:
+        """The notebook pod's user and groups as KubeSpawner builds it: its security contexts win over the
+        dedicated traits (uid and gid go on the container, whose own context wins over the pod's)."""
+        csc, psc = self.container_security_context or {}, self.pod_security_context or {}
+        uid = csc.get("runAsUser", uid if uid is not None else psc.get("runAsUser"))
+        gid = csc.get("runAsGroup", gid if gid is not None else psc.get("runAsGroup"))
+        fs_gid = psc.get("fsGroup", fs_gid)
+        groups = psc.get("supplementalGroups", groups)
         if uid is None or gid is None:
             why = (
                 "the hub's KubeSpawner.uid and .gid must be set (they are None): in user namespaces every "
@@ -64,19 +81,18 @@ class KubeTenancyMixin:
             self.log.error("tfdist: %s", why)
             raise web.HTTPError(500, why)
         try:
-            self._tfdist_identity = PodIdentity(uid, gid, fs_gid, tuple(groups or ()))
+            return PodIdentity(uid, gid, fs_gid, tuple(groups or ()))
         except ValueError as e:
             raise web.HTTPError(500, f"the hub's KubeSpawner uid/gid/fs_gid/supplemental_gids: {e}") from None
-        return self._tfdist_identity
 
     def pod_identity(self) -> PodIdentity:
         """This start's `resolve_pod_identity`, or the traits as they are (plain values) before one ran."""
         if self._tfdist_identity is not None:
             return self._tfdist_identity
         traits = (self.uid, self.gid, self.fs_gid, self.supplemental_gids)
-        if any(callable(t) for t in traits) or self.uid is None or self.gid is None:
-            raise RuntimeError("resolve_pod_identity() first: uid/gid are callables or unset")
-        return PodIdentity(self.uid, self.gid, self.fs_gid, tuple(self.supplemental_gids or ()))
+        if any(callable(t) for t in traits):
+            raise RuntimeError("resolve_pod_identity() first: uid/gid/fs_gid/supplemental_gids are callables")
+        return self._identity(*traits)
 
     def tenant_policy(self) -> tenancy.TenantPolicy:
         """What the user's profile allows, as the user namespace's quota and admission parameters."""
@@ -139,12 +155,23 @@ class KubeTenancyMixin:
             namespace_annotations=self._expand_all(self.user_namespace_annotations),
             data_volumes=profile.data_mounts,
             identity=self.pod_identity(),
-            images=tuple(
-                dict.fromkeys([*(i.image for i in profile.images), *filter(None, [self.worker_image])])
-            ),
-            image_pattern=profile.custom_image.regex if profile.custom_image is not None else "",
+            **self._images(cfg),
             **self._egress_fields(),
         )
+
+    def _images(self, cfg: Any) -> dict[str, Any]:
+        """What job pods may run: every image of every profile the user may start (their named servers share
+        one namespace and its parameters: the last start must not refuse another server's jobs), and the
+        worker image; the profiles' free-form patterns as one (RE2, each group anchored by the policy)."""
+        profiles = cfg.allowed_profiles(self.tfdist_groups())
+        images = [i.image for p in profiles for i in p.images] + (
+            [self.worker_image] if self.worker_image else []
+        )
+        patterns = dict.fromkeys(p.custom_image.regex for p in profiles if p.custom_image is not None)
+        return {
+            "images": tuple(dict.fromkeys(images)),
+            "image_pattern": "|".join(f"(?:{r})" for r in patterns),
+        }
 
     def _egress_fields(self) -> dict[str, Any]:
         """Where the user namespace's pods may connect beyond it (tfdist.kube.egress): the API server, the

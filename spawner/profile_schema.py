@@ -56,21 +56,30 @@ def _regex(v: str) -> str:
 
 
 # what Python's re has and RE2 (the API server's CEL `matches`, which checks job pods' images against the
-# same pattern) has not: lookaround, backreferences, atomic groups, conditionals, possessive quantifiers, \Z
-_NOT_RE2 = re.compile(r"\(\?(?:[=!>(]|<[=!]|P=)|\\[1-9Z]|[*+?}]\+")
+# same pattern) has not, or reads otherwise: lookaround, backreferences, atomic groups, conditionals,
+# comments, the inline flags x, a, L and u, possessive quantifiers, \Z, \N{...}, \u and \U escapes, `{,n}`
+# (a repeat in Python, text in RE2) and `[[:` (a set in Python, a POSIX class in RE2)
+_NOT_RE2 = re.compile(r"\(\?(?:[=!>(#]|<[=!]|P=|[a-zA-Z-]*[xaLu])|\\[1-9ZNuU]|(?<!\\)[*+?}]\+|\{,|\[\[:")
+_REPEAT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
+RE2_MAX_REPEAT = 1000
 
 
 def _re2_regex(v: str) -> str:
     """`_regex`, and one the admission policy's RE2 reads the same way (hub_config/admission-policy.yaml)."""
-    _regex(v)
+    for m in _REPEAT.finditer(v):
+        if any(int(n) > RE2_MAX_REPEAT for n in m.groups() if n):
+            raise ValueError(
+                f"repeats {m.group(0)}: RE2 (the admission policy's) counts at most {RE2_MAX_REPEAT}"
+            )
     bad = _NOT_RE2.search(v)
     if bad:
         raise ValueError(
             f"uses {bad.group(0)!r}, which RE2 (the admission policy's regular expressions, checking job "
-            "pods' images against the same pattern) does not have: no lookaround, backreferences, atomic "
-            "groups, possessive quantifiers or \\Z"
+            "pods' images against the same pattern) does not have or reads otherwise: no lookaround, "
+            "backreferences, atomic groups, comments, (?x)/(?a)/(?L)/(?u), possessive quantifiers, \\Z, "
+            "\\N/\\u/\\U escapes, {,n} or [[:"
         )
-    return v
+    return _regex(v)
 
 
 class _Strict(BaseModel):

@@ -707,8 +707,47 @@ async def test_a_job_runs_only_the_images_its_profile_offers(k8s_plane, users, i
     job["spec"]["template"]["spec"]["containers"][0]["image"] = image
     refused(
         call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", job),
-        f"image {image} is not one your profile offers ({IMAGE}, or matching ",
+        f"image {image} is not one your profiles offer ({IMAGE}, or matching ",
     )
+
+
+async def test_a_running_jobs_lifeline_outlives_a_change_of_the_parameters(k8s_plane, users):
+    """The lifeline renews a running job's deadline with an UPDATE; the Job's template is frozen, so what
+    it runs and as whom were checked at its creation. Checked again against the parameters of now, the
+    renewal was refused once they changed (another profile's server started with other images, the policy's
+    identity rolled out over old parameters) and the job ended at its deadline (review of this stop)."""
+    from tests.test_k8s_tenancy import _api_for_token, gpu_policy
+
+    ns, hub = users["ann"], users["hub"]
+    token = _token(k8s_plane, ns, tenancy.NOTEBOOK_SA)
+    async with _api_for_token(k8s_plane, _token(k8s_plane, hub, "hub")) as api:
+        await prepare_user_namespace(api, gpu_policy("ann", ns, hub_namespace=hub, images=(IMAGE,)))
+        job = gpu_job(k8s_plane, ns, f"life-{uuid.uuid4().hex[:6]}")
+        code, body = call(k8s_plane, token, "POST", jobs_path(ns), job)
+        assert code == 201, body
+        item = f"{jobs_path(ns)}/{job['metadata']['name']}"
+        # the parameters change under it: another image only, and no identity keys at all (old ones)
+        await prepare_user_namespace(api, gpu_policy("ann", ns, hub_namespace=hub, images=("other:1",)))
+    params = f"/api/v1/namespaces/{ns}/configmaps/{tenancy.POLICY_PARAMS}"
+    live = k8s_plane.get(params)
+    for key in ("runAsUser", "runAsGroup", "fsGroup", "supplementalGroups"):
+        del live["data"][key]
+    k8s_plane.request("PUT", params, live)
+
+    def renew(j: dict) -> None:
+        j["spec"]["activeDeadlineSeconds"] = 600
+
+    code, body = updated(k8s_plane, token, item, renew)
+    assert code == 200, body
+
+    # the template stays frozen: a changed one is still refused
+    def swap_image(j: dict) -> None:
+        j["spec"]["template"]["spec"]["containers"][0]["image"] = "other:1"
+
+    refused(updated(k8s_plane, token, item, swap_image))
+    # and a new Job is held to the parameters of now
+    fresh = gpu_job(k8s_plane, ns, "fresh")
+    refused(call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", fresh), "predate the pinning")
 
 
 def test_a_jobs_pod_gets_no_net_raw_and_no_root(k8s_plane, users):

@@ -45,3 +45,19 @@ def test_the_estimate_reads_as_the_cell_says_it() -> None:
 def test_a_place_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="starts at 1"):
         QueuePace().see(0.0, 0)
+
+
+def test_a_place_counted_another_way_starts_the_pace_again() -> None:
+    """Where Kueue's visibility API stops answering, the place is counted among the user's own jobs only
+    (QueueInfo.scope): 5th in the queue, then 1st of one's own, is no four admissions in 2 s."""
+    p = QueuePace()
+    p.see_counted(0.0, 6, "visibility")
+    p.see_counted(600.0, 5, "visibility")  # one step in 10 min
+    assert p.wait_s(600.0) == pytest.approx(5 * 600.0)
+    p.see_counted(602.0, 1, "workloads")  # the count changed, not the line
+    assert p.wait_s(602.0) is None  # no pace of this count yet
+    p.see_counted(902.0, 1, "workloads")
+    assert p.wait_s(902.0) is None
+    p.see_counted(1202.0, 1, "visibility")  # back: its old pace is not this wait's either
+    p.see_counted(1502.0, 4, "visibility")  # further back: longer, not slower
+    assert p.wait_s(1502.0) is None

@@ -256,3 +256,26 @@ async def test_a_spawn_whose_notebook_user_is_the_images_own_is_refused(kubeconf
     with pytest.raises(web.HTTPError) as e:
         await sp.resolve_pod_identity()
     assert e.value.status_code == 500 and "KubeSpawner.uid and .gid must be set" in e.value.log_message
+
+
+async def test_the_notebooks_security_contexts_win_as_in_its_pod_and_groups_are_bounded(
+    kubeconfig: None,
+) -> None:
+    """KubeSpawner lets container_security_context/pod_security_context override uid/gid/fs_gid: the job
+    pods follow the notebook pod as it is built. More supplementary groups than the admission policy
+    admits on a job pod refuse the spawn with the reason, not every job after it."""
+    from tornado import web
+
+    from tfdist.podidentity import PodIdentity
+
+    csc = {"runAsUser": 1500, "runAsNonRoot": True, "allowPrivilegeEscalation": False}
+    sp = make_spawner([], container_security_context=csc, pod_security_context={"fsGroup": 300})
+    assert await sp.resolve_pod_identity() == PodIdentity(1500, 1000, fs_group=300)
+    cpu = {"profile": "cpu", "cpu": 1, "memory": 2, "image": "quay.io/jupyter/tensorflow-notebook:2026-06-01"}
+    spec = (await _manifest(sp, cpu))["spec"]
+    assert spec["containers"][0]["securityContext"]["runAsUser"] == 1500
+    assert spec["securityContext"]["fsGroup"] == 300
+    sp = make_spawner([], supplemental_gids=[2000, 2001, 2002, 2003, 2004])
+    with pytest.raises(web.HTTPError) as e:
+        await sp.resolve_pod_identity()
+    assert "at most 4 supplementary groups" in e.value.log_message

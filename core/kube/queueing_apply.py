@@ -287,8 +287,8 @@ async def queue_events(
             pos = None
         if pos is not None and pos.admitted:
             return
-        if pos is not None:
-            pace.see(time.time(), pos.position)
+        if pos is not None:  # a place counted another way (the visibility API lost or back) starts anew
+            pace.see_counted(time.time(), pos.position, pos.source)
         if pos is not None and (pos.position, pos.ahead, pos.source) != last:  # what it counts, too
             last = (pos.position, pos.ahead, pos.source)
             yield pos.event().model_copy(update={"wait_s": pace.wait_s(time.time())})

@@ -25,6 +25,8 @@ class QueuePace:
     last_step_t: float | None = None
     last_position: int | None = None
     steps: int = 0
+    #: what the places count (`see_counted`); "" for a caller that never says
+    counted: str = ""
 
     def see(self, t: float, position: int) -> None:
         """One observation: at time ``t`` (seconds) the job was ``position`` in line (1 is next)."""
@@ -40,6 +42,16 @@ class QueuePace:
             self.last_step_t = t
         # a place further back (a higher priority came in ahead) makes the line longer, not slower
         self.last_position = position
+
+    def see_counted(self, t: float, position: int, counted: str) -> None:
+        """`see`, where `counted` says what the place counts (the queue's whole line, or only the user's
+        own jobs: tfdist.job.events.QueueInfo.scope). Places of another count are not steps of this one
+        (from 5th of the queue to 1st of one's own is no four admissions): the pace starts again."""
+        if counted != self.counted:
+            self.first_t = self.last_step_t = None
+            self.first_position = self.last_position = None
+            self.steps, self.counted = 0, counted
+        self.see(t, position)
 
     def wait_s(self, now: float) -> float | None:
         """Seconds until admission at the pace seen so far, or None before the line has moved."""
