@@ -712,10 +712,11 @@ async def test_a_job_runs_only_the_images_its_profile_offers(k8s_plane, users, i
 
 
 async def test_a_running_jobs_lifeline_outlives_a_change_of_the_parameters(k8s_plane, users):
-    """The lifeline renews a running job's deadline with an UPDATE; the Job's template is frozen, so what
-    it runs and as whom were checked at its creation. Checked again against the parameters of now, the
-    renewal was refused once they changed (another profile's server started with other images, the policy's
-    identity rolled out over old parameters) and the job ended at its deadline (review of this stop)."""
+    """The lifeline renews a running job's deadline with an UPDATE; the Job's template, labels and
+    parallelism are frozen, so what the parameters bound there was checked at its creation. Checked again
+    against the parameters of now, the renewal was refused once they changed (another profile's server
+    started with another GPU model, queue or images; the policy's identity rolled out over old parameters)
+    and the job ended at its deadline (review of this stop; before, the GPU model's change alone did it)."""
     from tests.test_k8s_tenancy import _api_for_token, gpu_policy
 
     ns, hub = users["ann"], users["hub"]
@@ -726,8 +727,17 @@ async def test_a_running_jobs_lifeline_outlives_a_change_of_the_parameters(k8s_p
         code, body = call(k8s_plane, token, "POST", jobs_path(ns), job)
         assert code == 201, body
         item = f"{jobs_path(ns)}/{job['metadata']['name']}"
-        # the parameters change under it: another image only, and no identity keys at all (old ones)
-        await prepare_user_namespace(api, gpu_policy("ann", ns, hub_namespace=hub, images=("other:1",)))
+        # the parameters change under it (the user started another server, of a profile with another GPU
+        # model, no queue and other images) and have no identity keys at all (made before the pinning)
+        other = {
+            "gpu_resource": "nvidia.com/mig-1g.10gb",
+            "node_selector": {"nvidia.com/mig.config": "all-1g.10gb"},
+            "tolerations": [],
+            "required_tolerations": [],
+            "queue": "",
+            "images": ("other:1",),
+        }
+        await prepare_user_namespace(api, gpu_policy("ann", ns, hub_namespace=hub, **other))
     params = f"/api/v1/namespaces/{ns}/configmaps/{tenancy.POLICY_PARAMS}"
     live = k8s_plane.get(params)
     for key in ("runAsUser", "runAsGroup", "fsGroup", "supplementalGroups"):
@@ -747,7 +757,8 @@ async def test_a_running_jobs_lifeline_outlives_a_change_of_the_parameters(k8s_p
     refused(updated(k8s_plane, token, item, swap_image))
     # and a new Job is held to the parameters of now
     fresh = gpu_job(k8s_plane, ns, "fresh")
-    refused(call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", fresh), "predate the pinning")
+    answer = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", fresh)
+    refused(answer, "allows only the GPU resource")
 
 
 def test_a_jobs_pod_gets_no_net_raw_and_no_root(k8s_plane, users):
