@@ -228,9 +228,12 @@ class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawne
         return counts
 
     async def load_user_options(self) -> None:
-        """`apply_user_options` validated and applied the choice; in a shared namespace the data claims
-        are checked here (in user namespaces `_ensure_namespace` does, once the namespace is there)."""
+        """`apply_user_options` validated and applied the choice, and who the notebook runs as is resolved
+        (before the namespace's parameters and the pod's environment need it; a user namespace cannot do
+        without it); in a shared namespace the data claims are checked here (in user namespaces
+        `_ensure_namespace` does, once the namespace is there)."""
         await self.tfdist_ensure_applied()
+        await self.resolve_pod_identity(required=self.enable_user_namespaces)
         if not self.enable_user_namespaces:
             await self._check_data_claims()
 
@@ -251,7 +254,6 @@ class TfdistKubeSpawner(KubePodMixin, GpuFormMixin, KubeTenancyMixin, KubeSpawne
 
         Not KubeSpawner's own: it creates the namespace bare and adopts one that exists (409), while this
         refuses a namespace that jupyter-tfdist did not make for this user (tenancy.owned_by)."""
-        await self.resolve_pod_identity()
         try:
             await prepare_user_namespace(self.api.api_client, self.tenant_policy())
         except tenancy.NamespaceTaken as e:

@@ -97,7 +97,9 @@ class KubePodMixin:
         env[settings.ENV_LIFELINE_GRACE_S] = str(self.lifeline_grace_seconds)
         env[settings.ENV_POD_NAME] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
         env[settings.ENV_POD_UID] = {"valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
-        env[settings.ENV_POD_IDENTITY] = self.pod_identity().dump()  # every job pod runs as this notebook
+        identity = self.known_pod_identity()
+        if identity is not None:  # every job pod runs as this notebook
+            env[settings.ENV_POD_IDENTITY] = identity.dump()
         gpus = choice.gpus if choice is not None else 0
         env[settings.ENV_GPUS] = str(gpus)
         if choice is not None and choice.gpu_model:

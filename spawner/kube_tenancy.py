@@ -47,32 +47,33 @@ class KubeTenancyMixin:
     #: `resolve_pod_identity`'s answer for this start (KubeSpawner's traits may be async callables)
     _tfdist_identity: PodIdentity | None = None
 
-    async def resolve_pod_identity(self) -> PodIdentity:
+    async def resolve_pod_identity(self, required: bool = True) -> PodIdentity | None:
         """Who the notebook runs as (KubeSpawner's uid, gid, fs_gid, supplemental_gids, callables resolved
         as KubeSpawner does), kept for this start: its job pods must run as the same (tfdist.podidentity).
-        A spawn whose uid or gid is unset (the image's own) is refused: the admission policy could not say
-        who job pods may run as."""
+        With `required` (user namespaces), a spawn whose uid or gid is unset (the image's own) is refused:
+        the admission policy could not say who job pods may run as; without, that is None (a shared
+        namespace, where no policy pins them)."""
 
         async def value(v: Any) -> Any:
             v = v(self) if callable(v) else v
             return await v if inspect.isawaitable(v) else v
 
-        self._tfdist_identity = self._identity(
-            await value(self.uid),
-            await value(self.gid),
-            await value(self.fs_gid),
-            await value(self.supplemental_gids),
-        )
+        traits = [await value(t) for t in (self.uid, self.gid, self.fs_gid, self.supplemental_gids)]
+        unset = None in self._as_in_pod(*traits)[:2]
+        self._tfdist_identity = None if unset and not required else self._identity(*traits)
         return self._tfdist_identity
 
-    def _identity(self, uid: Any, gid: Any, fs_gid: Any, groups: Any) -> PodIdentity:
-        """The notebook pod's user and groups as KubeSpawner builds it: its security contexts win over the
-        dedicated traits (uid and gid go on the container, whose own context wins over the pod's)."""
+    def _as_in_pod(self, uid: Any, gid: Any, fs_gid: Any, groups: Any) -> tuple[Any, Any, Any, Any]:
+        """(uid, gid, fs_gid, groups) as KubeSpawner builds the notebook pod: its security contexts win over
+        the dedicated traits (uid and gid go on the container, whose own context wins over the pod's)."""
         csc, psc = self.container_security_context or {}, self.pod_security_context or {}
         uid = csc.get("runAsUser", uid if uid is not None else psc.get("runAsUser"))
         gid = csc.get("runAsGroup", gid if gid is not None else psc.get("runAsGroup"))
-        fs_gid = psc.get("fsGroup", fs_gid)
-        groups = psc.get("supplementalGroups", groups)
+        return uid, gid, psc.get("fsGroup", fs_gid), psc.get("supplementalGroups", groups)
+
+    def _identity(self, *traits: Any) -> PodIdentity:
+        """The notebook pod's user and groups (`_as_in_pod`), or the spawn refused with the reason."""
+        uid, gid, fs_gid, groups = self._as_in_pod(*traits)
         if uid is None or gid is None:
             why = (
                 "the hub's KubeSpawner.uid and .gid must be set (they are None): in user namespaces every "
@@ -92,6 +93,15 @@ class KubeTenancyMixin:
         traits = (self.uid, self.gid, self.fs_gid, self.supplemental_gids)
         if any(callable(t) for t in traits):
             raise RuntimeError("resolve_pod_identity() first: uid/gid/fs_gid/supplemental_gids are callables")
+        return self._identity(*traits)
+
+    def known_pod_identity(self) -> PodIdentity | None:
+        """`pod_identity`, or None where it is not known (unset: a shared namespace's image user)."""
+        if self._tfdist_identity is not None:
+            return self._tfdist_identity
+        traits = (self.uid, self.gid, self.fs_gid, self.supplemental_gids)
+        if any(callable(t) for t in traits) or None in self._as_in_pod(*traits)[:2]:
+            return None
         return self._identity(*traits)
 
     def tenant_policy(self) -> tenancy.TenantPolicy:

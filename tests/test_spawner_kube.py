@@ -279,3 +279,17 @@ async def test_the_notebooks_security_contexts_win_as_in_its_pod_and_groups_are_
     with pytest.raises(web.HTTPError) as e:
         await sp.resolve_pod_identity()
     assert "at most 4 supplementary groups" in e.value.log_message
+
+
+async def test_a_shared_namespace_spawns_with_the_images_user_and_passes_a_known_one_on(
+    kubeconfig: None,
+) -> None:
+    """Without user namespaces no policy pins job pods: uid None (the image's user) is no reason to refuse
+    the spawn, and the kernel gets no identity; a callable uid is resolved before the pod's environment."""
+    cpu = {"profile": "cpu", "cpu": 1, "memory": 2, "image": "quay.io/jupyter/tensorflow-notebook:2026-06-01"}
+    sp = make_spawner([], uid=None, enable_user_namespaces=False)
+    env = {e["name"]: e for e in (await _manifest(sp, cpu))["spec"]["containers"][0]["env"]}
+    assert settings.ENV_POD_IDENTITY not in env
+    sp = make_spawner([], uid=lambda s: 1234, enable_user_namespaces=False)
+    env = {e["name"]: e for e in (await _manifest(sp, cpu))["spec"]["containers"][0]["env"]}
+    assert json.loads(env[settings.ENV_POD_IDENTITY]["value"]) == {"runAsUser": 1234, "runAsGroup": 1000}
