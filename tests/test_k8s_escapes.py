@@ -143,10 +143,9 @@ def test_a_suspended_jobs_template_cannot_be_swapped_for_what_create_refuses(k8s
     def unowned(j):
         j["metadata"].pop("ownerReferences")
 
-    refused(update(tolerate_all), "not allowed")
-    refused(update(other_model), "must run on the nodes of your GPU model")
-    refused(update(more_gpus), "cannot change after it is created")
-    refused(update(no_queue), "Kueue queue ml-team")
+    # the template and labels are frozen: what the parameters bound there was judged at the creation
+    for change in (tolerate_all, other_model, more_gpus, no_queue):
+        refused(update(change), "cannot change after it is created")
     refused(update(unowned), "must be owned by your notebook server's pod")
     live = call(k8s_plane, token, "GET", item)[1]
     tpl = live["spec"]["template"]["spec"]
@@ -721,9 +720,12 @@ async def test_a_running_jobs_lifeline_outlives_a_change_of_the_parameters(k8s_p
 
     ns, hub = users["ann"], users["hub"]
     token = _token(k8s_plane, ns, tenancy.NOTEBOOK_SA)
+    # a profile whose GPU pods carry two more tolerations (the admin's node pools)
+    pools = [{"key": f"pool-{p}", "operator": "Exists", "effect": "NoSchedule"} for p in "ab"]
     async with _api_for_token(k8s_plane, _token(k8s_plane, hub, "hub")) as api:
-        await prepare_user_namespace(api, gpu_policy("ann", ns, hub_namespace=hub, images=(IMAGE,)))
-        job = gpu_job(k8s_plane, ns, f"life-{uuid.uuid4().hex[:6]}")
+        first = gpu_policy("ann", ns, hub_namespace=hub, images=(IMAGE,), tolerations=[GPU_TOL, *pools])
+        await prepare_user_namespace(api, first)
+        job = gpu_job(k8s_plane, ns, f"life-{uuid.uuid4().hex[:6]}", tolerations=[GPU_TOL, *pools])
         code, body = call(k8s_plane, token, "POST", jobs_path(ns), job)
         assert code == 201, body
         item = f"{jobs_path(ns)}/{job['metadata']['name']}"
@@ -759,6 +761,29 @@ async def test_a_running_jobs_lifeline_outlives_a_change_of_the_parameters(k8s_p
     fresh = gpu_job(k8s_plane, ns, "fresh")
     answer = call(k8s_plane, token, "POST", jobs_path(ns) + "?dryRun=All", fresh)
     refused(answer, "allows only the GPU resource")
+    # but resuming a suspended Job is judged as its creation was: one kept suspended from before a policy
+    # (or made by someone the policy does not see) is not resumed past it
+    code, body = updated(k8s_plane, token, item, lambda j: j["spec"].update(suspend=False))
+    refused((code, body), "allows only the GPU resource")
+
+
+async def test_a_job_kept_suspended_from_before_the_policy_is_not_resumed_past_it(k8s_plane, ann):
+    """A Job made before the admin applied this policy (here: by the admin, whom the policy does not
+    judge), kept suspended, owned by the user's notebook, running as another user's UID: the UPDATE that
+    resumes it is judged as a creation would be (review of this stop: the UPDATE exemption let it through),
+    while renewing its deadline alone still passes (its template is frozen and runs nothing)."""
+    ns, token = ann
+    job = gpu_job(k8s_plane, ns, f"old-{uuid.uuid4().hex[:6]}")
+    job["spec"]["template"]["spec"]["securityContext"] = {"runAsUser": 2001, "runAsGroup": 2001}
+    k8s_plane.request("POST", jobs_path(ns), job)  # the cluster admin's token
+    item = f"{jobs_path(ns)}/{job['metadata']['name']}"
+    code, body = updated(k8s_plane, token, item, lambda j: j["spec"].update(activeDeadlineSeconds=600))
+    assert code == 200, body
+    refused(
+        updated(k8s_plane, token, item, lambda j: j["spec"].update(suspend=False)),
+        "must run as your notebook",
+    )
+    assert k8s_plane.get(item)["spec"]["suspend"] is True
 
 
 def test_a_jobs_pod_gets_no_net_raw_and_no_root(k8s_plane, users):
