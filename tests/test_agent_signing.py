@@ -261,3 +261,32 @@ async def test_a_job_pods_malformed_sample_is_refused_and_a_good_one_reaches_the
         assert merged and merged[0]["tasks"] == {"worker-0": {"cpu (%)": 12.5, "gpus": []}}, evs
     finally:
         await client.close()
+
+
+async def test_a_server_pods_link_probes_posts_signed_samples_and_sees_the_end(agent, tmp_path):
+    """The PS and worker pods' side (tfdist.runtime.podmain._AgentLink, the standard library's client over
+    one kept-alive connection): the agent answers its probe, takes its signed sample into the watchers'
+    view, refuses a sample signed with another token, says when the job has finished, and is None once
+    gone (the pod then ends itself after a while)."""
+    from tfdist.runtime.podmain import _AgentLink
+
+    state, url = agent
+    link = _AgentLink(url, TOKEN)
+    good = {"type": "metrics", "t": 1.0, "tasks": {"ps-0": {"cpu (%)": 3.0, "gpus": []}}}
+    try:
+        assert await asyncio.to_thread(link.healthy) is True
+        await asyncio.to_thread(link.post, "/metrics", json.dumps(good).encode())
+        _, evs = await asyncio.to_thread(state.log.read, 0, 5.0)
+        assert [e["tasks"] for e in evs if e.get("type") == "metrics"] == [good["tasks"]], evs
+        forger = _AgentLink(url, "another-token")
+        with pytest.raises(OSError, match="agent answered 401"):
+            await asyncio.to_thread(forger.post, "/metrics", json.dumps(good).encode())
+        forger.close()
+        state.finished.set()
+        assert await asyncio.to_thread(link.healthy) is False
+    finally:
+        link.close()
+    gone = _AgentLink(f"http://127.0.0.1:{free_port()}", TOKEN)
+    assert await asyncio.to_thread(gone.healthy) is None
+    with pytest.raises(OSError):
+        await asyncio.to_thread(gone.post, "/metrics", json.dumps(good).encode())
