@@ -87,16 +87,18 @@ class KubeTenancyMixin:
             raise web.HTTPError(500, f"the hub's KubeSpawner uid/gid/fs_gid/supplemental_gids: {e}") from None
 
     def pod_identity(self) -> PodIdentity:
-        """This start's `resolve_pod_identity`, or the traits as they are (plain values) before one ran."""
-        if self._tfdist_identity is not None:
-            return self._tfdist_identity
+        """`known_pod_identity`, where it must be known: unset uid/gid refuse the spawn with the reason."""
+        known = self.known_pod_identity()
+        if known is not None:
+            return known
         traits = (self.uid, self.gid, self.fs_gid, self.supplemental_gids)
         if any(callable(t) for t in traits):
             raise RuntimeError("resolve_pod_identity() first: uid/gid/fs_gid/supplemental_gids are callables")
         return self._identity(*traits)
 
     def known_pod_identity(self) -> PodIdentity | None:
-        """`pod_identity`, or None where it is not known (unset: a shared namespace's image user)."""
+        """This start's `resolve_pod_identity`, or the traits as they are (plain values) before one ran;
+        None where it is not known (callables not yet resolved, or unset: a shared namespace's image user)."""
         if self._tfdist_identity is not None:
             return self._tfdist_identity
         traits = (self.uid, self.gid, self.fs_gid, self.supplemental_gids)
